@@ -1,0 +1,1 @@
+"""Harness components: pure functions used both by training and by backtests."""

@@ -1,0 +1,442 @@
+"""The Store: the only code that knows paths inside a campaign directory.
+
+Layout (see ARCHITECTURE.md):
+
+    <campaign>/campaign.json                     CampaignSpec (frozen at creation)
+    <campaign>/ledger.jsonl                      append-only events; state is derived by replay
+    <campaign>/versions/<vNNN>/version.json      VersionSpec (frozen)
+    <campaign>/versions/<vNNN>/rollouts/split=<s>/step=<NNNNNN>.parquet
+    <campaign>/versions/<vNNN>/turns/split=<s>/step=<NNNNNN>.parquet
+    <campaign>/versions/<vNNN>/metrics/step=<NNNNNN>.parquet
+    <campaign>/versions/<vNNN>/checkpoints/  final/  train.log
+    <campaign>/versions/<vNNN>/abandoned/attempt-<N>/...   steps of a crashed attempt, moved aside
+
+Rules: one write primitive per table; every write is atomic (temp file, fsync, rename); table
+partitions are never rewritten (an append to an existing partition is refused); a reader never
+sees a half-written file.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import polars as pl
+from pydantic import TypeAdapter, ValidationError
+
+from . import evidence
+from .errors import CorruptTableError, SchemaVersionError, StoreError
+from .migrations import migrate_document, migrate_event
+from .schema import SCHEMA_VERSION, CampaignSpec, LedgerEvent, VersionSpec, event_to_json, version_index
+
+_STEP_FILE = re.compile(r"^step=(\d{6})\.parquet$")
+_EVENT = TypeAdapter(LedgerEvent)
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_new_parquet(path: Path, df: pl.DataFrame) -> None:
+    """Write a partition file that must not exist yet; atomic; refuses to overwrite."""
+    if path.exists():
+        raise StoreError(f"partition {path} already exists; tables are append-only (nothing was written)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        df.write_parquet(tmp, compression="zstd", statistics=True)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        # link() fails if the target appeared meanwhile: no silent overwrite even under a race.
+        os.link(tmp, path)
+    except FileExistsError as exc:
+        raise StoreError(f"partition {path} already exists; tables are append-only (nothing was written)") from exc
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+
+
+def _step_of(path: Path) -> int | None:
+    m = _STEP_FILE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+# --------------------------------------------------------------------------- ledger
+
+
+class Ledger:
+    """Append-only JSON-lines event log; campaign state is derived by replaying it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.torn_lines = 0
+
+    def append(self, event) -> None:  # event: one of schema.LedgerEvent's members
+        line = event_to_json(event) + "\n"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() > 0:
+                    fh.seek(-1, os.SEEK_END)
+                    if fh.read(1) != b"\n":
+                        # A crash tore the previous line; end it so it stays a separate (skipped) line.
+                        fh.write(b"\n")
+                fh.write(line.encode())
+                fh.flush()
+                os.fsync(fh.fileno())
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def events(self) -> list:
+        if not self.path.exists():
+            return []
+        out = []
+        self.torn_lines = 0
+        with open(self.path, "rb") as fh:
+            lines = fh.read().split(b"\n")
+        for lineno, raw in enumerate(lines, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw)
+            except json.JSONDecodeError:
+                # Only a writer killed mid-line leaves this; the event never completed, so it never
+                # happened. Counted so `doctor` can report it.
+                self.torn_lines += 1
+                continue
+            try:
+                out.append(_EVENT.validate_python(migrate_event(obj)))
+            except ValidationError as exc:
+                raise StoreError(
+                    f"ledger {self.path} line {lineno} is not a valid event ({exc.errors()[0]['msg']}); "
+                    "restore the ledger from backup"
+                ) from exc
+        return out
+
+
+# --------------------------------------------------------------------------- store
+
+
+class Store:
+    """A campaign directory. Create with `Store.create`, open with `Store.open`."""
+
+    def __init__(self, root: Path, campaign: CampaignSpec):
+        self.root = Path(root)
+        self.campaign = campaign
+        self.ledger = Ledger(self.root / "ledger.jsonl")
+
+    # ---- opening
+
+    @classmethod
+    def create(cls, root: str | Path, spec: CampaignSpec) -> "Store":
+        root = Path(root)
+        if (root / "campaign.json").exists():
+            raise StoreError(f"{root} already holds a campaign; use --resume to continue it or pick another --campaign")
+        if root.exists() and any(root.iterdir()):
+            raise StoreError(f"{root} exists and is not an empty directory; pick another --campaign")
+        root.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(root / "campaign.json", _doc_bytes(spec))
+        from .schema import CampaignCreated
+
+        store = cls(root, spec)
+        store.ledger.append(CampaignCreated(name=spec.name))
+        return store
+
+    @classmethod
+    def open(cls, root: str | Path) -> "Store":
+        root = Path(root)
+        path = root / "campaign.json"
+        if not path.exists():
+            raise StoreError(f"{root} is not a campaign directory (no campaign.json); check the path")
+        spec = _read_doc(path, CampaignSpec)
+        return cls(root, spec)
+
+    @staticmethod
+    def exists(root: str | Path) -> bool:
+        return (Path(root) / "campaign.json").exists()
+
+    # ---- versions
+
+    def version_dir(self, version: str) -> Path:
+        version_index(version)  # validates the name; paths are never built from arbitrary strings
+        return self.root / "versions" / version
+
+    def write_version(self, spec: VersionSpec) -> None:
+        path = self.version_dir(spec.version) / "version.json"
+        if path.exists():
+            existing = _read_doc(path, VersionSpec)
+            if existing.model_dump(exclude={"created_at"}) == spec.model_dump(exclude={"created_at"}):
+                return  # idempotent repeat
+            raise StoreError(f"version {spec.version} already exists with a different spec; versions are frozen")
+        atomic_write_bytes(path, _doc_bytes(spec))
+
+    def read_version(self, version: str) -> VersionSpec:
+        path = self.version_dir(version) / "version.json"
+        if not path.exists():
+            raise StoreError(f"campaign {self.root} has no version {version}")
+        return _read_doc(path, VersionSpec)
+
+    def versions(self) -> list[str]:
+        base = self.root / "versions"
+        if not base.exists():
+            return []
+        return sorted(p.name for p in base.iterdir() if (p / "version.json").exists())
+
+    def checkpoints_dir(self, version: str) -> Path:
+        return self.version_dir(version) / "checkpoints"
+
+    def final_dir(self, version: str) -> Path:
+        return self.version_dir(version) / "final"
+
+    def train_log(self, version: str) -> Path:
+        return self.version_dir(version) / "train.log"
+
+    @contextlib.contextmanager
+    def version_lock(self, version: str, timeout: float = 0.0) -> Iterator[None]:
+        """Exclusive lock held by whoever trains a version (two writers would duplicate steps)."""
+        path = self.version_dir(version) / ".lock"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fh = open(path, "a")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.close()
+                    raise StoreError(
+                        f"version {version} is being trained by another process (lock {path}); "
+                        "wait for it or stop it first"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    # ---- tables: write primitives (one per table)
+
+    def _table_dir(self, version: str, table: str, split: str | None) -> Path:
+        base = self.version_dir(version) / table
+        return base / f"split={split}" if split is not None else base
+
+    def append_rollouts(self, version: str, split: str, step: int, df: pl.DataFrame) -> Path:
+        if split not in evidence.SPLITS:
+            raise StoreError(f"unknown split {split!r}; expected one of {evidence.SPLITS}")
+        try:
+            df = evidence.conform_rollouts(df)
+        except evidence.ContractError as exc:
+            raise StoreError(f"rollouts for {version} {split} step {step} refused: {exc}") from exc
+        wrong = df.filter((pl.col("version") != version) | (pl.col("split") != split) | (pl.col("step") != step))
+        if wrong.height:
+            raise StoreError(f"rollouts for {version} {split} step {step} contain rows of another partition")
+        path = self._table_dir(version, "rollouts", split) / f"step={step:06d}.parquet"
+        _write_new_parquet(path, df)
+        return path
+
+    def append_turns(self, version: str, split: str, step: int, df: pl.DataFrame) -> Path:
+        try:
+            df = evidence.conform(df, evidence.TURN_COLUMNS, "turns")
+        except evidence.ContractError as exc:
+            raise StoreError(f"turns for {version} {split} step {step} refused: {exc}") from exc
+        path = self._table_dir(version, "turns", split) / f"step={step:06d}.parquet"
+        _write_new_parquet(path, df)
+        return path
+
+    def append_metrics(self, version: str, step: int, values: dict[str, float], source: str) -> Path:
+        df = pl.DataFrame(
+            {
+                "campaign": [self.campaign.name] * len(values),
+                "version": [version] * len(values),
+                "step": [step] * len(values),
+                "name": list(values),
+                "value": [float(v) for v in values.values()],
+                "source": [source] * len(values),
+            },
+            schema=evidence.METRIC_COLUMNS,
+        )
+        path = self._table_dir(version, "metrics", None) / f"step={step:06d}.parquet"
+        _write_new_parquet(path, df)
+        return path
+
+    # ---- tables: reads (lazy)
+
+    def partition_files(
+        self, table: str, versions: Sequence[str] | str | None = None, split: str | None = None,
+        steps: tuple[int | None, int | None] | None = None,
+    ) -> list[Path]:
+        if isinstance(versions, str):
+            versions = [versions]
+        if versions is None:
+            base = self.root / "versions"
+            versions = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+        lo, hi = steps if steps is not None else (None, None)
+        files: list[Path] = []
+        for v in versions:
+            base = self.version_dir(v) / table
+            if not base.exists():
+                continue
+            dirs = [base] if table == "metrics" else (
+                [base / f"split={split}"] if split else sorted(base.glob("split=*"))
+            )
+            for d in dirs:
+                if not d.exists():
+                    continue
+                for f in sorted(d.iterdir()):
+                    s = _step_of(f)
+                    if s is None or (lo is not None and s < lo) or (hi is not None and s > hi):
+                        continue
+                    files.append(f)
+        return files
+
+    def steps(self, version: str, split: str = "train") -> list[int]:
+        return [_step_of(f) for f in self.partition_files("rollouts", version, split)]  # type: ignore[misc]
+
+    def _scan(self, table: str, files: list[Path], empty_schema: dict, columns: Sequence[str] | None) -> pl.LazyFrame:
+        if not files:
+            schema = dict(empty_schema)
+            lf = pl.LazyFrame(schema=schema)
+            return lf.select(columns) if columns else lf
+        union: dict[str, pl.DataType] = {}
+        for f in files:
+            try:
+                schema = pl.read_parquet_schema(f)
+            except Exception as exc:
+                raise CorruptTableError(
+                    f"table file {f} is unreadable ({type(exc).__name__}); move it out of the store "
+                    f"with `evotrainer doctor {self.root} --quarantine` (it holds only that step's rows)"
+                ) from exc
+            for name, dtype in schema.items():
+                union.setdefault(name, dtype)
+        lf = pl.scan_parquet([str(f) for f in files], schema=union, missing_columns="insert",
+                             extra_columns="ignore")
+        return lf.select(columns) if columns else lf
+
+    def rollouts(
+        self, versions: Sequence[str] | str | None = None, split: str | None = None,
+        steps: tuple[int | None, int | None] | None = None, columns: Sequence[str] | None = None,
+    ) -> pl.LazyFrame:
+        """Lazy rollouts of any subset. Step ranges are inclusive and prune whole files unread."""
+        files = self.partition_files("rollouts", versions, split, steps)
+        return self._scan("rollouts", files, evidence.ROLLOUT_COLUMNS, columns)
+
+    def turns(self, versions=None, split=None, steps=None, columns=None) -> pl.LazyFrame:
+        files = self.partition_files("turns", versions, split, steps)
+        return self._scan("turns", files, evidence.TURN_COLUMNS, columns)
+
+    def metrics(self, versions=None, steps=None) -> pl.LazyFrame:
+        files = self.partition_files("metrics", versions, None, steps)
+        return self._scan("metrics", files, evidence.METRIC_COLUMNS, None)
+
+    # ---- crash recovery and repair
+
+    def abandon_steps_after(self, version: str, after_step: int, reason: str) -> tuple[list[int], str]:
+        """Move every partition of `version` with step > after_step to abandoned/attempt-N/.
+
+        Used when a crashed attempt wrote steps past its last resumable checkpoint: the resumed
+        run will produce those steps again. The files are moved (evidence of the crash is kept),
+        never rewritten; the caller records a StepsAbandoned event.
+        """
+        vdir = self.version_dir(version)
+        moved_steps: set[int] = set()
+        n = 1
+        while (vdir / "abandoned" / f"attempt-{n}").exists():
+            n += 1
+        dest_root = vdir / "abandoned" / f"attempt-{n}"
+        for table in ("rollouts", "turns", "metrics"):
+            for f in self.partition_files(table, version, None):
+                s = _step_of(f)
+                if s is not None and s > after_step:
+                    rel = f.relative_to(vdir)
+                    dest = dest_root / rel
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(f, dest)
+                    moved_steps.add(s)
+        if moved_steps:
+            (dest_root / "REASON.txt").write_text(reason + "\n")
+        return sorted(moved_steps), str(dest_root.relative_to(self.root))
+
+    def scan_for_corruption(self) -> list[tuple[Path, str]]:
+        """Every table file whose parquet footer or data cannot be read, with the reason."""
+        bad = []
+        for table in ("rollouts", "turns", "metrics"):
+            for f in self.partition_files(table):
+                try:
+                    pl.read_parquet(f, n_rows=1)
+                except Exception as exc:
+                    bad.append((f, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+        return bad
+
+    def quarantine(self, path: Path) -> Path:
+        dest = self.root / "quarantine" / Path(path).resolve().relative_to(self.root.resolve())
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, dest)
+        return dest
+
+    def remove_checkpoints(self, version: str) -> None:
+        """Drop intermediate trainer checkpoints once a version is final (they are not evidence)."""
+        shutil.rmtree(self.checkpoints_dir(version), ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- documents
+
+
+def _doc_bytes(doc) -> bytes:
+    return (json.dumps(doc.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+
+def _read_doc(path: Path, model):
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path} is not readable JSON ({exc}); restore it from backup") from exc
+    if not isinstance(raw, dict):
+        raise StoreError(f"{path} is not a JSON object; restore it from backup")
+    found = raw.get("schema_version")
+    if found != SCHEMA_VERSION:
+        raw = migrate_document(raw, path)  # raises SchemaVersionError when it cannot
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise SchemaVersionError(
+            f"{path}: field '{loc}': {err['msg']}; the file does not match this release's schema "
+            f"{SCHEMA_VERSION}: restore it or use the EvoTrainer release that wrote it"
+        ) from exc
