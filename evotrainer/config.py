@@ -41,7 +41,7 @@ PRESETS: dict[str, RunConfig] = {
     "default": RunConfig(
         policy="default",
         versions=2,
-        data=DataSpec(tiers=(0,), n_train=200, n_val=24, seed=0),
+        data=DataSpec(tiers=(0, 1), n_train=200, n_val=16, seed=0),
         train=TrainConfig(
             max_steps=10, prompts_per_step=4, group_size=4, max_prompt_length=256, max_completion_length=64,
             learning_rate=2e-6, eval_k=4, checkpoint_every=5,

@@ -20,7 +20,9 @@ from typing import Callable
 
 from . import paths, policy
 from .config import RunConfig
-from .errors import EvoTrainerError, StoreError
+from .envs import build_domain, load_items
+from .errors import ConfigError, CorruptTableError, EvoTrainerError, StoreError
+from .harness import rewards as reward_mod
 from .schema import CampaignSpec, VersionCreated, VersionFailed, VersionSpec, version_name
 from .status import CampaignStatus, VersionState, format_status, from_ledger
 from .store import Store
@@ -44,13 +46,37 @@ def open_or_create(campaign_dir: Path, config: RunConfig | None, preset: str | N
     if resume:
         if not Store.exists(campaign_dir):
             raise StoreError(f"no campaign at {campaign_dir} to resume; drop --resume to start a new one there")
-        return Store.open(campaign_dir)
+        store = Store.open(campaign_dir)
+        bad = store.scan_for_corruption()  # refuse to build on evidence that cannot be read
+        if bad:
+            names = ", ".join(str(p.relative_to(store.root)) for p, _ in bad[:3])
+            raise CorruptTableError(
+                f"{len(bad)} unreadable table file(s) in {store.root}: {names}; move them aside with "
+                f"`evotrainer doctor {store.root} --quarantine`, then resume"
+            )
+        return store
     if Store.exists(campaign_dir):
         # Opening first validates its schema version, so a foreign campaign gets that error instead.
         Store.open(campaign_dir)
         raise StoreError(f"{campaign_dir} already holds a campaign; add --resume to continue it or pick another --campaign")
     assert config is not None
+    validate_config(config)  # before anything is written: a bad config leaves no trace
     return Store.create(campaign_dir, campaign_spec(config, config.name or campaign_dir.name, preset))
+
+
+def validate_config(config: RunConfig) -> None:
+    """Checks that need more than the schema: the policy exists, the data can supply the items."""
+    policy.check(config.policy, paths.models_dir())
+    for name in (n for n in (config.data.train_jsonl, config.data.val_jsonl) if n):
+        if not Path(name).is_file():
+            raise ConfigError(f"data file {name} does not exist; fix data.train_jsonl / data.val_jsonl")
+    try:
+        load_items(config.data, build_domain(config.data, config.harness.system_prompt))
+    except ValueError as exc:
+        raise ConfigError(f"data: {exc}; change data.n_train / data.n_val / data.tiers") from exc
+    for c in config.harness.rewards:
+        if c.name not in reward_mod.known():
+            raise ConfigError(f"harness: unknown reward component {c.name!r}; known: {', '.join(reward_mod.known())}")
 
 
 def next_version_spec(store: Store, index: int) -> VersionSpec:
@@ -80,6 +106,8 @@ def train_version(store: Store, version: str, log: Log = print, extra_env: dict 
     env["EVOTRAINER_PARENT_PID"] = str(os.getpid())
     env.setdefault("EVOTRAINER_DATA", str(paths.data_dir()))
     env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "evotrainer.train", str(store.version_dir(version))]
     proc = subprocess.Popen(
@@ -97,7 +125,7 @@ def run_campaign(
     preset: str | None = None, log: Log = print,
 ) -> CampaignStatus:
     store = open_or_create(campaign_dir, config, preset, resume)
-    policy.check(store.campaign.policy, paths.models_dir())
+    policy.check(store.campaign.policy, paths.models_dir())  # a resumed campaign's model may have moved
     log(f"campaign {store.campaign.name} at {store.root}")
     for index in range(versions):
         name = version_name(index)

@@ -279,7 +279,10 @@ class Store:
         _write_new_parquet(path, df)
         return path
 
-    def append_metrics(self, version: str, step: int, values: dict[str, float], source: str) -> Path:
+    def append_metrics(self, version: str, step: int, values: dict[str, float], source: str,
+                       sources: dict[str, str] | None = None) -> Path:
+        """One row per metric; `sources` overrides `source` for named metrics."""
+        sources = sources or {}
         df = pl.DataFrame(
             {
                 "campaign": [self.campaign.name] * len(values),
@@ -287,7 +290,7 @@ class Store:
                 "step": [step] * len(values),
                 "name": list(values),
                 "value": [float(v) for v in values.values()],
-                "source": [source] * len(values),
+                "source": [sources.get(k, source) for k in values],
             },
             schema=evidence.METRIC_COLUMNS,
         )

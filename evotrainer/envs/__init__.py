@@ -1,0 +1,26 @@
+"""Domains: where items come from and how completions are verified."""
+from __future__ import annotations
+
+from ..schema import DataSpec
+from .base import Domain, Item, ensure_disjoint
+
+
+def build_domain(data: DataSpec, system_prompt: str | None = None) -> Domain:
+    if data.domain == "math":
+        from .math import DEFAULT_SYSTEM_PROMPT, MathDomain
+
+        return MathDomain(tiers=data.tiers, system_prompt=system_prompt or DEFAULT_SYSTEM_PROMPT)
+    raise ValueError(f"unknown domain {data.domain!r}")  # unreachable: DataSpec validates the literal
+
+
+def load_items(data: DataSpec, domain: Domain) -> tuple[list[Item], list[Item]]:
+    """Train and held-out items for a DataSpec: external JSONL where given, else generated."""
+    from .math import load_jsonl
+
+    train = load_jsonl(data.train_jsonl)[: data.n_train] if data.train_jsonl else domain.train_items(data.n_train, data.seed)
+    val = load_jsonl(data.val_jsonl)[: data.n_val] if data.val_jsonl else domain.val_items(data.n_val, data.seed)
+    ensure_disjoint(train, val)
+    return train, val
+
+
+__all__ = ["Domain", "Item", "build_domain", "load_items", "ensure_disjoint"]

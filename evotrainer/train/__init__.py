@@ -1,0 +1,1 @@
+"""Training: policies (default SmolLM2 fetch, tiny test policy) and trainers."""
