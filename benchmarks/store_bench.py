@@ -22,7 +22,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evotrainer.testing import synthetic_rollouts, temp_store  # noqa: E402
+from evotrainer.testing import synthetic_rollouts, temp_store
 
 
 def build_frames(campaign: str, rows: int, rows_per_step: int, group_size: int = 16) -> list[pl.DataFrame]:

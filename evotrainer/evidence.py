@@ -6,7 +6,7 @@ applicable). Columns are never removed or renamed without a migration.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import polars as pl
 

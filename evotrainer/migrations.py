@@ -6,8 +6,9 @@ older one with no migration path, is refused with an error that says which relea
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import SchemaVersionError
 from .schema import SCHEMA_VERSION

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -17,7 +17,7 @@ SCHEMA_VERSION = 1
 
 
 def utc_now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 class Frozen(BaseModel):
@@ -55,7 +55,7 @@ class HarnessSpec(Frozen):
     system_prompt: str | None = None  # None: the domain's default
 
     @model_validator(mode="after")
-    def _unique_components(self) -> "HarnessSpec":
+    def _unique_components(self) -> HarnessSpec:
         names = [c.name for c in self.rewards]
         if not names:
             raise ValueError("harness needs at least one reward component")
@@ -225,16 +225,7 @@ class VersionFailed(_Event):
 
 
 LedgerEvent = Annotated[
-    Union[
-        CampaignCreated,
-        VersionCreated,
-        TrainingStarted,
-        StepCompleted,
-        StepsAbandoned,
-        EvalCompleted,
-        TrainingFinished,
-        VersionFailed,
-    ],
+    CampaignCreated | VersionCreated | TrainingStarted | StepCompleted | StepsAbandoned | EvalCompleted | TrainingFinished | VersionFailed,
     Field(discriminator="kind"),
 ]
 

@@ -25,8 +25,8 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import polars as pl
 from pydantic import TypeAdapter, ValidationError
@@ -162,7 +162,7 @@ class Store:
     # ---- opening
 
     @classmethod
-    def create(cls, root: str | Path, spec: CampaignSpec) -> "Store":
+    def create(cls, root: str | Path, spec: CampaignSpec) -> Store:
         root = Path(root)
         if (root / "campaign.json").exists():
             raise StoreError(f"{root} already holds a campaign; use --resume to continue it or pick another --campaign")
@@ -177,7 +177,7 @@ class Store:
         return store
 
     @classmethod
-    def open(cls, root: str | Path) -> "Store":
+    def open(cls, root: str | Path) -> Store:
         root = Path(root)
         path = root / "campaign.json"
         if not path.exists():

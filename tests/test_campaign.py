@@ -121,7 +121,8 @@ def test_sigkill_mid_version_then_resume_has_exact_rows(tmp_path, data_dir, targ
     assert _wait_for(lambda: not Path(f"/proc/{trainer_pid}").exists()
                      or "zombie" in Path(f"/proc/{trainer_pid}/status").read_text(), 10)
     store = Store.open(camp)
-    assert store.steps("v001") and max(store.steps("v001")) < T.max_steps + 1
+    killed_at = status_mod.from_ledger(store).versions["v001"]
+    assert killed_at.state is not status_mod.VersionState.TRAINED and 2 <= max(store.steps("v001")) <= T.max_steps
     res = cli("run", "--preset", "smoke", "--campaign", str(camp), "--versions", "2", "--resume", data_dir=data_dir)
     assert res.returncode == 0, res.stdout + res.stderr
     assert_contract(store, ["v000", "v001"])
@@ -226,3 +227,30 @@ def test_import_evotrainer_pulls_no_heavy_modules():
                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == ""
+
+
+def test_lora_warm_start_and_periodic_eval(tmp_path, data_dir):
+    cfg = tmp_path / "lora.toml"
+    cfg.write_text("warm_start = true\n[train]\neval_every = 2\nlora = { r = 4, alpha = 8 }\n")
+    camp = tmp_path / "camp"
+    res = cli("run", str(cfg), "--preset", "smoke", "--campaign", str(camp), "--versions", "2", data_dir=data_dir)
+    assert res.returncode == 0, res.stdout + res.stderr
+    store = Store.open(camp)
+    v0, v1 = store.read_version("v000"), store.read_version("v001")
+    assert v0.train.lora is not None and not v0.warm_start
+    # the child continues from its parent's final (LoRA-merged) weights, and says it is confounded
+    assert v1.warm_start and v1.confounded and v1.policy == str(store.final_dir("v000"))
+    assert (store.final_dir("v000") / "model.safetensors").exists()
+    for v in ("v000", "v001"):
+        val = store.rollouts(v, "val").collect()
+        assert sorted(val["step"].unique().to_list()) == [2, 3]  # every 2 steps, and at the end
+    replayed = status_mod.from_ledger(store)
+    assert replayed.comparable() == status_mod.from_tables(store).comparable()
+    assert sorted(replayed.versions["v000"].evals) == [2, 3]
+    assert_contract_train_only(store, ["v000", "v001"])
+
+
+def assert_contract_train_only(store, versions):
+    for v in versions:
+        train = store.rollouts(v, "train").collect()
+        assert train.height == T.max_steps * ROWS_PER_STEP and train["rollout_uid"].n_unique() == train.height

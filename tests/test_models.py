@@ -28,9 +28,9 @@ from evotrainer.train.models import (
     PolicyVerificationError,
     fetch_default_policy,
     is_fetched,
-    resolve_policy,
     verify_policy,
 )
+from evotrainer.policy import resolve as resolve_policy
 from evotrainer.train.tiny import TINY_MARKER, build_tiny_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -163,10 +163,9 @@ def test_abandon_moves_partitions_after_step(store):
 
 
 def test_version_lock_is_exclusive(store):
-    with store.version_lock("v000"):
-        with pytest.raises(StoreError, match="being trained by another process"):
-            with store.version_lock("v000"):
-                pass
+    with store.version_lock("v000"), pytest.raises(StoreError, match="being trained by another process"):
+        with store.version_lock("v000"):
+            pass
     with store.version_lock("v000"):
         pass
 

@@ -23,4 +23,4 @@ def load_items(data: DataSpec, domain: Domain) -> tuple[list[Item], list[Item]]:
     return train, val
 
 
-__all__ = ["Domain", "Item", "build_domain", "load_items", "ensure_disjoint"]
+__all__ = ["Domain", "Item", "build_domain", "ensure_disjoint", "load_items"]

@@ -5,7 +5,8 @@ components (and backtests) can be re-computed offline from it without re-running
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 

@@ -9,7 +9,8 @@ backtest's advantages match what training computed (tests compare them on stored
 """
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 

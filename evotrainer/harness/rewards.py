@@ -11,7 +11,8 @@ backtest can re-score stored rollouts offline with exactly the code training use
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from ..schema import RewardComponentSpec
 

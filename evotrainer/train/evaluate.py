@@ -32,8 +32,17 @@ def sample_completions(
     model, tokenizer, prompts: list[str], k: int, *, temperature: float, top_p: float, max_new_tokens: int,
     batch_prompts: int = 8, seed: int = 0,
 ) -> tuple[list[list[Sample]], list[int]]:
-    """k samples for each prompt (already chat-formatted text). Returns samples and prompt token counts."""
-    torch.manual_seed(seed)
+    """k samples for each prompt (already chat-formatted text). Returns samples and prompt token counts.
+
+    Runs under a forked RNG so that evaluating mid-training does not shift the training samples.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return _sample(model, tokenizer, prompts, k, temperature=temperature, top_p=top_p,
+                       max_new_tokens=max_new_tokens, batch_prompts=batch_prompts)
+
+
+def _sample(model, tokenizer, prompts, k, *, temperature, top_p, max_new_tokens, batch_prompts):
     model.eval()
     eos_ids = _eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids))

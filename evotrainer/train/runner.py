@@ -16,11 +16,12 @@ import time
 import warnings
 from pathlib import Path
 
+from transformers import TrainerCallback
+
 from .. import paths, policy
 from ..envs import build_domain, load_items
 from ..errors import EvoTrainerError
-from ..schema import (EvalCompleted, StepsAbandoned, TrainingFinished, TrainingStarted, VersionFailed,
-                      VersionSpec)
+from ..schema import EvalCompleted, StepsAbandoned, TrainingFinished, TrainingStarted, VersionFailed, VersionSpec
 from ..status import from_ledger
 from ..store import Store, atomic_write_bytes
 
@@ -173,7 +174,6 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
     import transformers
     from datasets import Dataset
 
-    from .evaluate import sample_completions, val_rows
     from .recorder import RecordingGRPOTrainer, VerifierCache, reward_functions
 
     transformers.logging.set_verbosity_error()
@@ -205,6 +205,8 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
             store=store, version=version, cache=cache, harness=spec.harness, log=log,
         )
         trainer.remove_callback(transformers.PrinterCallback)  # our recorder prints one line per step
+        if t.eval_every:
+            trainer.add_callback(_PeriodicEval(store, version, spec, domain, val_items, tokenizer, log))
         _, ckpt = latest_complete_checkpoint(store.checkpoints_dir(version))
         trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         _save_final(trainer, tokenizer, final_dir)
@@ -242,9 +244,27 @@ def run_eval(store, version, spec, domain, items, model, tokenizer, step, log) -
     store.ledger.append(EvalCompleted(version=version, step=step, k=t.eval_k, n_items=len(items), avg_at_k=avg,
                                       actor="trainer"))
     log(f"{version}: Avg@{t.eval_k} at step {step} = {avg:.3f} over {len(items)} items")
-    if model.training:
-        model.eval()
     return avg
+
+
+class _PeriodicEval(TrainerCallback):
+    """Held-out evaluation every `eval_every` steps (the final step is evaluated after training).
+
+    Runs in on_step_end, after the recorder's flush and before the step's checkpoint, so a crash
+    mid-eval leaves a val partition past the checkpoint, which resume moves aside.
+    """
+
+    def __init__(self, store, version, spec, domain, items, tokenizer, log):
+        self.args = (store, version, spec, domain, items)
+        self.tokenizer, self.log = tokenizer, log
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        store, version, spec, domain, items = self.args
+        step = state.global_step
+        if step % spec.train.eval_every or step >= state.max_steps:
+            return
+        run_eval(store, version, spec, domain, items, model, self.tokenizer, step, self.log)
+        model.train()
 
 
 def _save_final(trainer, tokenizer, final_dir: Path) -> None:

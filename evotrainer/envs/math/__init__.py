@@ -6,8 +6,8 @@ from evotrainer.envs.math.verifier import answers_match, extract_answer, verify_
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
-    "MathDomain",
     "TIERS",
+    "MathDomain",
     "answers_match",
     "extract_answer",
     "generate_items",

@@ -1,7 +1,8 @@
 """The math Domain: procedural arithmetic tiers, boxed-answer prompting, math-verify checking."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from evotrainer.envs.base import Item
 from evotrainer.envs.math.generator import check_tiers, generate_items

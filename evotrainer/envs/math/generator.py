@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import random
-from functools import lru_cache
-from typing import Callable, Iterable, Iterator, Literal, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import cache
+from typing import Literal
 
 from evotrainer.envs.base import Item
 
@@ -29,7 +30,7 @@ Problem = tuple[str, int, dict]
 
 def make_item_id(tier: int, question: str, answer: str) -> str:
     """Short stable content hash: "m-" + 12 hex chars of sha256(tier, question, answer)."""
-    h = hashlib.sha256(f"{tier}\x1f{question}\x1f{answer}".encode("utf-8")).hexdigest()
+    h = hashlib.sha256(f"{tier}\x1f{question}\x1f{answer}".encode()).hexdigest()
     return "m-" + h[:12]
 
 
@@ -203,7 +204,7 @@ _SAMPLERS: dict[int, tuple[Callable[[random.Random], Problem], ...]] = {
 _ENUMERATED: dict[int, Callable[[], Iterable[Problem]]] = {0: _tier0, 1: _tier1, 2: _tier2}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pool(tier: int, split: Split) -> tuple[Item, ...]:
     """All distinct items of an enumerated tier that fall in `split` (canonical order)."""
     seen: set[str] = set()

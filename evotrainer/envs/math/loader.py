@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from evotrainer.envs.base import Item
 
@@ -17,12 +17,12 @@ def gsm8k_answer(raw: str) -> str:
 
 
 def load_jsonl(
-    path: Union[str, Path],
+    path: str | Path,
     *,
     question_key: str = "question",
     answer_key: str = "answer",
-    id_key: Optional[str] = None,
-    source: Optional[str] = None,
+    id_key: str | None = None,
+    source: str | None = None,
 ) -> list[Item]:
     """One Item per non-blank line. Raises ValueError("<file>:<line>: ...") on bad input.
 
@@ -60,7 +60,7 @@ def load_jsonl(
                 if item_id in seen:
                     raise ValueError(f"{where}: duplicate id {item_id!r} in {id_key!r}")
             else:
-                h = hashlib.sha256(f"{src}\x1f{question}\x1f{answer}".encode("utf-8")).hexdigest()
+                h = hashlib.sha256(f"{src}\x1f{question}\x1f{answer}".encode()).hexdigest()
                 item_id = "x-" + h[:12]
                 if item_id in seen:
                     continue

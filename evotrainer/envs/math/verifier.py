@@ -15,7 +15,7 @@ import logging
 import re
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 Extraction = Literal["boxed", "last_number", "none"]
 
@@ -42,7 +42,7 @@ for _name in ("math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).addFilter(_DropTimeoutWarning())
 
 
-def _boxed_content(text: str) -> Optional[str]:
+def _boxed_content(text: str) -> str | None:
     """Content of the last balanced \\boxed{...}; None if there is none."""
     found = list(_BOXED_RE.finditer(text))[-_MAX_BOXED_TRIES:]
     for bm in reversed(found):
@@ -75,7 +75,7 @@ _TAIL = 4096
 _NUM_CHARS = frozenset("0123456789,.-\u2212")
 
 
-def _last_number(text: str) -> Optional[str]:
+def _last_number(text: str) -> str | None:
     # Look in the tail first (long completions); never start the window inside a number.
     start = max(0, len(text) - _TAIL)
     while start > 0 and text[start - 1] in _NUM_CHARS:
@@ -89,7 +89,7 @@ def _last_number(text: str) -> Optional[str]:
     return None
 
 
-def extract_answer(completion: str) -> tuple[Optional[str], Extraction]:
+def extract_answer(completion: str) -> tuple[str | None, Extraction]:
     """(pred, how): the last \\boxed{} content, else the last number, else (None, "none")."""
     if not isinstance(completion, str):
         return None, "none"
@@ -102,7 +102,7 @@ def extract_answer(completion: str) -> tuple[Optional[str], Extraction]:
     return None, "none"
 
 
-def to_decimal(s: str) -> Optional[Decimal]:
+def to_decimal(s: str) -> Decimal | None:
     """Parse a plain number ("8", "8.0", "-3", "1,200", "$1,200.", "\\$5", "1{,}200") or None."""
     t = s.strip()
     t = _TEXT_RE.sub(lambda m: m.group(1), t).strip()
@@ -152,7 +152,7 @@ def _mv_equal(gold: str, pred: str) -> bool:
         return False
 
 
-def answers_match(gold: str, pred: Optional[str]) -> bool:
+def answers_match(gold: str, pred: str | None) -> bool:
     if pred is None:
         return False
     g, p = to_decimal(gold), to_decimal(pred)
