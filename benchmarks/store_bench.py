@@ -27,7 +27,8 @@ from evotrainer.testing import synthetic_rollouts, temp_store
 
 def build_frames(campaign: str, rows: int, rows_per_step: int, group_size: int = 16) -> list[pl.DataFrame]:
     n_groups = rows_per_step // group_size
-    template = synthetic_rollouts(campaign, "v000", "train", 1, n_groups, group_size, text_len=300)
+    template = synthetic_rollouts(campaign, "v000", "train", 1, n_groups, group_size, text_len=300,
+                                  random_text=True)
     frames = []
     steps = -(-rows // rows_per_step)
     for step in range(1, steps + 1):

@@ -43,6 +43,17 @@ _EVENT = TypeAdapter(LedgerEvent)
 # --------------------------------------------------------------------------- atomic writes
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates 0600 files; store files get the usual mode so a notebook server or a colleague
+# running as another user can read the evidence.
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -55,6 +66,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -73,6 +85,7 @@ def _write_new_parquet(path: Path, df: pl.DataFrame) -> None:
         raise StoreError(f"partition {path} already exists; tables are append-only (nothing was written)")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, _FILE_MODE)
     os.close(fd)
     try:
         df.write_parquet(tmp, compression="zstd", statistics=True)

@@ -184,3 +184,9 @@ def test_avg_at_k_and_per_item_scores():
     assert items["score"].to_list() == [0.5, 1.0, 0.0]
     avg = evidence.avg_at_k(df)
     assert avg["avg_at_k"].item() == pytest.approx(0.5) and avg["k"].item() == 2 and avg["n_items"].item() == 3
+
+
+def test_store_files_are_readable_by_others(store):
+    path, _ = _append(store, step=1)
+    assert path.stat().st_mode & 0o044 == 0o044
+    assert (store.root / "campaign.json").stat().st_mode & 0o044 == 0o044
