@@ -37,10 +37,45 @@ class Document(Frozen):
 
 
 class RewardComponentSpec(Frozen):
-    """A named reward component (registered in `evotrainer.harness.rewards`) and its weight."""
+    """A named reward component (registered in `evotrainer.harness.rewards`), its weight and params."""
 
     name: str
-    weight: float = 1.0
+    weight: float = Field(1.0, ge=-10.0, le=10.0)
+    params: dict[str, float] = Field(default_factory=dict)
+
+
+class GroupFilterSpec(Frozen):
+    """Which GRPO groups contribute gradient.
+
+    none: all; zero_std: drop groups whose reward std is ~0 (no signal);
+    std_ema: the paper's StdGroupFilter: keep groups whose std is above an EMA threshold
+    ema_mean - z * ema_std with z = Phi^-1(keep_ratio), always drop std = 0, warm-up on the
+    first max(20, 1/ema_decay) groups (std = 0 rule only), and never keep fewer than min_keep.
+    """
+
+    kind: Literal["none", "zero_std", "std_ema"] = "none"
+    keep_ratio: float = Field(0.9, gt=0.0, lt=1.0)
+    ema_decay: float = Field(0.1, gt=0.0, le=1.0)
+    min_keep: float = Field(0.5, ge=0.0, le=1.0)
+    warmup_groups: int | None = Field(None, ge=0)  # None: max(20, 1/ema_decay)
+    zero_std_eps: float = Field(1e-3, ge=0.0)  # "dead group" threshold (PAPER-FACTS: std < 0.001)
+
+
+class TrajectoryFilterSpec(Frozen):
+    """Rollouts masked out of the loss one by one (single-turn: truncation hits)."""
+
+    drop_truncated: bool = False
+    max_completion_tokens: int | None = Field(None, gt=0)  # mask rollouts longer than this
+
+
+class DataSelectionSpec(Frozen):
+    """Which training items a version sees, decided from stored evidence of an earlier version."""
+
+    drop_saturated: bool = False  # items every sample solved in the source version
+    drop_unsolved: bool = False  # items no sample solved in the source version
+    source_version: str | None = None  # None: the parent version
+    curriculum: Literal["none", "easy_first"] = "none"
+    subsample: int | None = Field(None, gt=0)
 
 
 class HarnessSpec(Frozen):
@@ -53,6 +88,11 @@ class HarnessSpec(Frozen):
     # Advantage normalisation (TRL's `scale_rewards`): divide by the group's std, the batch's, or not.
     scale_rewards: Literal["group", "batch", "none"] = "group"
     system_prompt: str | None = None  # None: the domain's default
+    group_filter: GroupFilterSpec = GroupFilterSpec()
+    trajectory_filter: TrajectoryFilterSpec = TrajectoryFilterSpec()
+    data_selection: DataSelectionSpec = DataSelectionSpec()
+    # The trainer's analysis procedure (an intervention may change it).
+    analysis_order: Literal["score_first", "behaviour_first", "signal_first"] = "score_first"
 
     @model_validator(mode="after")
     def _unique_components(self) -> HarnessSpec:
@@ -150,6 +190,221 @@ def version_index(name: str) -> int:
     if len(name) != 4 or not name.startswith("v") or not name[1:].isdigit():
         raise ValueError(f"not a version name: {name!r} (expected like 'v003')")
     return int(name[1:])
+
+
+# --------------------------------------------------------------------------- findings and reports
+
+Severity = Literal["info", "warning", "critical"]
+
+
+class Finding(Frozen):
+    """One thing a diagnostic saw, with the rollouts that show it.
+
+    `finding_id` is a content hash of (diagnostic, code, versions, steps), so re-running a
+    diagnostic on the same evidence yields the same id (interventions cite findings by id).
+    """
+
+    finding_id: str
+    diagnostic: str
+    code: str  # machine name, e.g. "dead_groups", "R1_insufficient_signal"
+    severity: Severity
+    message: str
+    versions: tuple[str, ...]
+    steps: tuple[int, int] | None = None  # inclusive step range the finding covers
+    metric: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    rule: str | None = None  # "R1".."R6" when a rule raised it
+    veto: bool = False  # a validity finding: blocks promotion whatever the score
+    rollout_uids: tuple[str, ...] = ()  # examples (capped), to read in the browser
+
+
+def finding_id(diagnostic: str, code: str, versions: tuple[str, ...], steps: tuple[int, int] | None) -> str:
+    blob = json.dumps([diagnostic, code, list(versions), list(steps) if steps else None])
+    return "f-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+class HealthReport(Document):
+    """All built-in diagnostics over one version's evidence (plus rules across versions)."""
+
+    kind: Literal["health_report"] = "health_report"
+    version: str
+    created_at: str = Field(default_factory=utc_now)
+    metrics: dict[str, float | None]  # "<diagnostic>/<metric>" -> value over the whole version
+    per_step: dict[str, dict[str, float | None]] = Field(default_factory=dict)  # metric -> {step: value}
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def alerts(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if f.severity in ("warning", "critical"))
+
+
+# --------------------------------------------------------------------------- interventions
+
+
+class Hypothesis(Frozen):
+    """"If X then Y because Z": falsifiable, with the metric that decides it."""
+
+    if_: str = Field(alias="if", min_length=3)
+    then: str = Field(min_length=3)
+    because: str = Field(min_length=3)
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def text(self) -> str:
+        return f"If {self.if_}, then {self.then}, because {self.because}."
+
+
+class SuccessCriterion(Frozen):
+    metric: str  # a health-report metric name or "avg_at_k"
+    op: Literal[">", ">=", "<", "<="]
+    threshold: float
+    relative_to_parent: bool = True  # threshold applies to (child - parent) instead of the child value
+
+    def text(self) -> str:
+        lhs = f"Δ{self.metric} vs parent" if self.relative_to_parent else self.metric
+        return f"{lhs} {self.op} {self.threshold:g}"
+
+
+class RewardChange(Frozen):
+    factor: Literal["reward"] = "reward"
+    op: Literal["add", "remove", "reweight", "set_params"]
+    component: RewardComponentSpec
+
+
+class FilterChange(Frozen):
+    factor: Literal["filter"] = "filter"
+    group_filter: GroupFilterSpec | None = None
+    trajectory_filter: TrajectoryFilterSpec | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> FilterChange:
+        if (self.group_filter is None) == (self.trajectory_filter is None):
+            raise ValueError("a filter change sets exactly one of group_filter / trajectory_filter")
+        return self
+
+
+class DataChange(Frozen):
+    factor: Literal["data"] = "data"
+    data_selection: DataSelectionSpec
+
+
+HPARAMS = ("learning_rate", "temperature", "top_p", "epsilon", "epsilon_high", "beta", "group_size",
+           "max_steps", "scale_rewards", "loss_type")
+
+
+class HparamChange(Frozen):
+    factor: Literal["hparam"] = "hparam"
+    name: Literal["learning_rate", "temperature", "top_p", "epsilon", "epsilon_high", "beta", "group_size",
+                  "max_steps", "scale_rewards", "loss_type"]
+    value: float | int | str
+
+
+class EnvChange(Frozen):
+    factor: Literal["env"] = "env"
+    name: Literal["system_prompt", "max_completion_length"]
+    value: str | int
+
+
+class DiagnosticChange(Frozen):
+    """Adds (or retires) a diagnostic; changes how versions are judged, not how they train."""
+
+    factor: Literal["diagnostic"] = "diagnostic"
+    op: Literal["add", "retire"]
+    diagnostic: str
+
+
+class ProcedureChange(Frozen):
+    factor: Literal["procedure"] = "procedure"
+    analysis_order: Literal["score_first", "behaviour_first", "signal_first"]
+
+
+Change = Annotated[
+    RewardChange | FilterChange | DataChange | HparamChange | EnvChange | DiagnosticChange | ProcedureChange,
+    Field(discriminator="factor"),
+]
+
+
+class Intervention(Document):
+    """One single-factor change to a version's harness, with its falsifiable hypothesis."""
+
+    kind: Literal["intervention"] = "intervention"
+    intervention_id: str = ""  # filled by interventions.new(): content hash
+    parent: str  # the version it changes
+    change: Change
+    hypothesis: Hypothesis
+    target_metric: str
+    success_criterion: SuccessCriterion
+    rollback_plan: str = Field(min_length=3)
+    evidence: tuple[str, ...] = ()  # finding ids it rests on
+    author: str
+    created_at: str = Field(default_factory=utc_now)
+    rationale: str = ""
+
+
+class BacktestReport(Document):
+    """Counterfactual re-scoring of FIXED stored rollouts under a candidate harness.
+
+    Off-policy evidence for or against a hypothesis, not a prediction of the next version's score.
+    """
+
+    kind: Literal["backtest"] = "backtest"
+    backtest_id: str
+    intervention_id: str | None
+    versions: tuple[str, ...]
+    steps: tuple[int, int] | None
+    created_at: str = Field(default_factory=utc_now)
+    counterfactual_note: str = (
+        "Counterfactual on fixed rollouts: the stored completions were sampled by the old policy; "
+        "this re-scores them under the candidate harness and does not predict the next version's score."
+    )
+    n_rollouts: int
+    n_groups: int
+    before: dict[str, float | None]
+    after: dict[str, float | None]
+    groups_rescued: int = 0  # dead before, signal after
+    groups_killed: int = 0  # signal before, dead after
+    advantage_sign_flips: int = 0
+    order_violations: int = 0  # pairs where a more-correct rollout now gets less reward
+    correct_wrongly_filtered: int = 0  # fully correct rollouts the candidate masks out
+    effective_data_before: float | None = None
+    effective_data_after: float | None = None
+    verdict: Literal["supports", "contradicts", "inconclusive"]
+    reasons: tuple[str, ...] = ()
+    example_rollouts: tuple[str, ...] = ()
+
+
+class GateStats(Frozen):
+    n_items: int
+    k_candidate: int
+    k_baseline: int
+    mean_candidate: float
+    mean_baseline: float
+    mean_delta: float
+    ci_low: float
+    ci_high: float
+    ci_level: float = 0.95
+    bootstrap_b: int
+    bootstrap_seed: int
+    p_wilcoxon: float | None
+    p_mcnemar: float | None = None
+    effect_size: float | None = None  # paired Cohen's d of the per-item deltas
+
+
+class Decision(Document):
+    """A gate's verdict on a candidate version against the best so far."""
+
+    kind: Literal["decision"] = "decision"
+    decision_id: str
+    candidate: str
+    baseline: str | None
+    outcome: Literal["promote", "reject", "inconclusive", "vetoed"]
+    stats: GateStats | None
+    vetoes: tuple[str, ...] = ()  # finding ids
+    rule: str  # the rule text applied, e.g. "promote if CI low > 0; reject if CI high < 0"
+    decided_by: str = "gate"  # "gate", or a person's name on an override
+    reason: str = ""
+    created_at: str = Field(default_factory=utc_now)
 
 
 # --------------------------------------------------------------------------- ledger events
