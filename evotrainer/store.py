@@ -34,7 +34,8 @@ from pydantic import TypeAdapter, ValidationError
 from . import evidence
 from .errors import CorruptTableError, SchemaVersionError, StoreError
 from .migrations import migrate_document, migrate_event
-from .schema import SCHEMA_VERSION, CampaignSpec, LedgerEvent, VersionSpec, event_to_json, version_index
+from .schema import (SCHEMA_VERSION, BacktestReport, CampaignSpec, Decision, HealthReport, Intervention, LedgerEvent,
+                     VersionSpec, event_to_json, version_index)
 
 _STEP_FILE = re.compile(r"^step=(\d{6})\.parquet$")
 _EVENT = TypeAdapter(LedgerEvent)
@@ -262,6 +263,58 @@ class Store:
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
             fh.close()
+
+    # ---- documents of the loop: interventions, backtests, decisions, health reports
+
+    def _put_doc(self, rel: str, doc, *, replace: bool = False) -> Path:
+        path = self.root / rel
+        if path.exists() and not replace:
+            existing = json.loads(path.read_text())
+            if existing == json.loads(_doc_bytes(doc)):
+                return path  # idempotent repeat
+            raise StoreError(f"{rel} already exists with other content; documents are frozen")
+        atomic_write_bytes(path, _doc_bytes(doc))
+        return path
+
+    def _get_docs(self, folder: str, model) -> list:
+        base = self.root / folder
+        if not base.exists():
+            return []
+        return [_read_doc(p, model) for p in sorted(base.glob("*.json"))]
+
+    def write_intervention(self, iv: Intervention) -> Path:
+        if not iv.intervention_id:
+            raise StoreError("intervention has no id; create it with evotrainer.interventions.new()")
+        return self._put_doc(f"interventions/{iv.intervention_id}.json", iv)
+
+    def read_intervention(self, intervention_id: str) -> Intervention:
+        path = self.root / "interventions" / f"{intervention_id}.json"
+        if not path.exists():
+            raise StoreError(f"campaign {self.root} has no intervention {intervention_id}")
+        return _read_doc(path, Intervention)
+
+    def interventions(self) -> list[Intervention]:
+        return self._get_docs("interventions", Intervention)
+
+    def write_backtest(self, report: BacktestReport) -> Path:
+        return self._put_doc(f"backtests/{report.backtest_id}.json", report)
+
+    def backtests(self) -> list[BacktestReport]:
+        return self._get_docs("backtests", BacktestReport)
+
+    def write_decision(self, decision: Decision) -> Path:
+        return self._put_doc(f"decisions/{decision.decision_id}.json", decision)
+
+    def decisions(self) -> list[Decision]:
+        return self._get_docs("decisions", Decision)
+
+    def write_health_report(self, report: HealthReport) -> Path:
+        """Derived from the evidence (recomputed when diagnostics change), so it may be replaced."""
+        return self._put_doc(f"versions/{report.version}/diagnostics/health.json", report, replace=True)
+
+    def read_health_report(self, version: str) -> HealthReport | None:
+        path = self.version_dir(version) / "diagnostics" / "health.json"
+        return _read_doc(path, HealthReport) if path.exists() else None
 
     # ---- tables: write primitives (one per table)
 
