@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -21,6 +21,9 @@ class RunConfig(Frozen):
     seed: int = 0
     versions: int = Field(2, gt=0)
     warm_start: bool = False
+    gates: tuple[Literal["diagnosis", "design", "backtest", "completion"], ...] = ()
+    agent: str = "playbook"
+    candidates_per_version: int = Field(3, ge=1, le=10)
     data: DataSpec = DataSpec()
     train: TrainConfig = TrainConfig()
     harness: HarnessSpec = HarnessSpec()

@@ -160,6 +160,9 @@ class CampaignSpec(Document):
     harness: HarnessSpec = HarnessSpec()
     seed: int = 0
     warm_start: bool = False  # children continue from their parent's checkpoint (confounded)
+    gates: tuple[Literal["diagnosis", "design", "backtest", "completion"], ...] = ()  # human gates held
+    agent: str = "playbook"
+    candidates_per_version: int = Field(3, ge=1, le=10)  # interventions proposed and backtested
 
 
 class VersionSpec(Document):
@@ -479,8 +482,76 @@ class VersionFailed(_Event):
     error: str
 
 
+class HealthReported(_Event):
+    kind: Literal["health_reported"] = "health_reported"
+    version: str
+    critical: tuple[str, ...] = ()  # finding ids
+    warning: tuple[str, ...] = ()
+
+
+class VersionJudged(_Event):
+    """The promotion gate's decision on a trained version (stored as a Decision document)."""
+
+    kind: Literal["version_judged"] = "version_judged"
+    version: str
+    decision_id: str
+    outcome: Literal["promote", "reject", "inconclusive", "vetoed"]
+    baseline: str | None
+
+
+class InterventionProposed(_Event):
+    kind: Literal["intervention_proposed"] = "intervention_proposed"
+    version: str  # the version the intervention would create
+    intervention_id: str
+    parent: str
+    rank: int
+
+
+class BacktestCompleted(_Event):
+    kind: Literal["backtest_completed"] = "backtest_completed"
+    version: str
+    intervention_id: str
+    backtest_id: str
+    verdict: Literal["supports", "contradicts", "inconclusive"]
+
+
+class InterventionSelected(_Event):
+    kind: Literal["intervention_selected"] = "intervention_selected"
+    version: str
+    intervention_id: str
+    backtest_id: str | None
+
+
+GateName = Literal["diagnosis", "design", "backtest", "completion"]
+
+
+class GateOpened(_Event):
+    """A human gate is holding the campaign until someone answers it."""
+
+    kind: Literal["gate_opened"] = "gate_opened"
+    version: str
+    gate: GateName
+    subject: tuple[str, ...] = ()  # ids the person is asked to judge (findings, interventions, decision)
+
+
+class GateAnswered(_Event):
+    kind: Literal["gate_answered"] = "gate_answered"
+    version: str
+    gate: GateName
+    answer: Literal["approve", "revise", "abort"]
+    intervention_id: str | None = None  # REVISE at design/backtest: the person's intervention
+    outcome: Literal["promote", "reject", "inconclusive"] | None = None  # REVISE at completion: override
+
+
+class CampaignAborted(_Event):
+    kind: Literal["campaign_aborted"] = "campaign_aborted"
+    version: str
+
+
 LedgerEvent = Annotated[
-    CampaignCreated | VersionCreated | TrainingStarted | StepCompleted | StepsAbandoned | EvalCompleted | TrainingFinished | VersionFailed,
+    CampaignCreated | VersionCreated | TrainingStarted | StepCompleted | StepsAbandoned | EvalCompleted
+    | TrainingFinished | VersionFailed | HealthReported | VersionJudged | InterventionProposed | BacktestCompleted
+    | InterventionSelected | GateOpened | GateAnswered | CampaignAborted,
     Field(discriminator="kind"),
 ]
 

@@ -68,10 +68,14 @@ class CampaignStatus:
 
 def replay(events: list, name: str) -> CampaignStatus:
     status = CampaignStatus(name=name)
+    training_events = (schema.VersionCreated, schema.TrainingStarted, schema.StepCompleted, schema.StepsAbandoned,
+                       schema.EvalCompleted, schema.TrainingFinished, schema.VersionFailed)
     for ev in events:
         if isinstance(ev, schema.CampaignCreated):
             status.name = ev.name
             continue
+        if not isinstance(ev, training_events):
+            continue  # the loop's own events (proposals, gates, decisions): see loopstate
         v = status.versions.setdefault(ev.version, VersionStatus(version=ev.version))
         if isinstance(ev, schema.VersionCreated):
             v.parent = ev.parent
