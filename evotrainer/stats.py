@@ -181,14 +181,14 @@ def wilcoxon_test(deltas: Sequence[float] | np.ndarray) -> WilcoxonResult:
     if n <= _EXACT_MAX_N and not has_ties and n_zero == 0:
         # Ranks are 1..n; R+ is an integer.
         counts = _subset_sum_counts(range(1, m + 1))
-        p = _two_sided_from_counts(counts, int(round(r_plus)), m)
+        p = _two_sided_from_counts(counts, round(r_plus), m)
         return WilcoxonResult(p, statistic, "exact", n, n_zero)
 
     if n <= _PERMUTATION_MAX_N:
         # Average ranks are multiples of 1/2: count subsets of doubled ranks.
-        doubled = [int(round(2 * r)) for r in ranks]
+        doubled = [round(2 * r) for r in ranks]
         counts = _subset_sum_counts(doubled)
-        p = _two_sided_from_counts(counts, int(round(2 * r_plus)), m)
+        p = _two_sided_from_counts(counts, round(2 * r_plus), m)
         return WilcoxonResult(p, statistic, "permutation", n, n_zero)
 
     mean = m * (m + 1.0) * 0.25
@@ -233,12 +233,13 @@ def mcnemar_exact(b: int, c: int) -> float | None:
 def paired_cohens_d(deltas: Sequence[float] | np.ndarray) -> float | None:
     """Paired Cohen's d (d_z): mean(deltas) / std(deltas, ddof=1).
 
-    None when it is undefined: fewer than 2 deltas, or every delta equal (zero spread).
+    None when it is undefined: fewer than 2 deltas, NaN/inf, or every delta equal (zero spread).
     """
     d = _as_deltas(deltas)
     if d.size < 2 or not np.all(np.isfinite(d)):
         return None
     sd = float(np.std(d, ddof=1))
-    if sd == 0.0 or not math.isfinite(sd):
+    # Equal deltas can leave a rounding-level spread (mean of 0.2s is not exactly 0.2).
+    if not math.isfinite(sd) or sd <= 1e-12 * float(np.max(np.abs(d))):
         return None
     return float(np.mean(d)) / sd

@@ -270,8 +270,11 @@ class Store:
         path = self.root / rel
         if path.exists() and not replace:
             existing = json.loads(path.read_text())
-            if existing == json.loads(_doc_bytes(doc)):
-                return path  # idempotent repeat
+            fresh = json.loads(_doc_bytes(doc))
+            existing.pop("created_at", None)
+            fresh.pop("created_at", None)
+            if existing == fresh:
+                return path  # idempotent repeat (same content id, written again after a crash)
             raise StoreError(f"{rel} already exists with other content; documents are frozen")
         atomic_write_bytes(path, _doc_bytes(doc))
         return path

@@ -10,11 +10,13 @@ import json
 import math
 from dataclasses import dataclass
 
+import polars as pl
 import torch
 
 from ..envs import Domain, Item
 from ..evidence import group_id, rollout_uid
 from ..harness import rewards as reward_mod
+from ..harness.rewards import RewardContext
 from ..schema import HarnessSpec
 
 
@@ -94,23 +96,22 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 def val_rows(
     *, campaign: str, version: str, step: int, items: list[Item], prompts: list[str], samples: list[list[Sample]],
-    n_prompt_tokens: list[int], domain: Domain, harness: HarnessSpec,
-) -> list[dict]:
+    n_prompt_tokens: list[int], domain: Domain, harness: HarnessSpec, max_completion_length: int,
+) -> pl.DataFrame:
     rows = []
     for g, (item, prompt, group, npt) in enumerate(zip(items, prompts, samples, n_prompt_tokens)):
         for s, smp in enumerate(group):
             verdict = domain.verify(item, smp.text)
-            total, values = reward_mod.score(harness.rewards, verdict, smp.text)
-            row = {
+            rows.append({
                 "rollout_uid": rollout_uid(campaign, version, "val", step, g, s),
                 "campaign": campaign, "version": version, "split": "val", "step": step,
                 "item_id": item.item_id, "group_id": group_id(version, "val", step, g), "sample_idx": s,
                 "prompt": prompt, "completion": smp.text, "n_prompt_tokens": npt,
                 "n_completion_tokens": smp.n_tokens, "truncated": smp.truncated, "stop_reason": smp.stop_reason,
-                "reward": total, "verifier": json.dumps(verdict, sort_keys=True), "correct": bool(verdict["correct"]),
+                "verifier": json.dumps(verdict, sort_keys=True), "correct": bool(verdict["correct"]),
                 "advantage": None, "filtered": False, "filter_reason": None, "mean_logprob": smp.mean_logprob,
                 "n_turns": 1, "n_tool_calls": 0,
-            }
-            row.update({f"r.{name}": value for name, value in values.items()})
-            rows.append(row)
-    return rows
+            })
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    # the same scoring code as training and backtests
+    return reward_mod.score_frame(harness.rewards, frame, RewardContext(max_completion_length=max_completion_length))

@@ -32,7 +32,10 @@ from trl.trainer.utils import RepeatSampler
 
 from ..envs import Domain, Item
 from ..evidence import group_id, rollout_uid
+from ..harness import apply_harness
 from ..harness import rewards as reward_mod
+from ..harness.filters import FilterState
+from ..harness.rewards import RewardContext
 from ..schema import HarnessSpec, StepCompleted
 from ..store import Store
 
@@ -64,21 +67,45 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
-def reward_functions(harness: HarnessSpec, cache: VerifierCache) -> list[Callable]:
-    """One TRL reward function per harness component; each reads the shared verifier outcome."""
+class BatchScorer:
+    """Scores one generation batch once with the harness (`score_frame`); each TRL reward function
+    returns its component's column. The same code scores stored rollouts in backtests."""
+
+    def __init__(self, harness: HarnessSpec, cache: VerifierCache, max_completion_length: int):
+        self.harness, self.cache = harness, cache
+        self.ctx = RewardContext(max_completion_length=max_completion_length)
+        self.eos: set[int] = set()  # set by the trainer once it knows its EOS ids
+        self._key: tuple | None = None
+        self._scored: pl.DataFrame | None = None
+
+    def frame(self, completions, completion_ids, item_id) -> pl.DataFrame:
+        texts = [completion_text(c) for c in completions]
+        return pl.DataFrame({
+            "item_id": list(item_id),
+            "completion": texts,
+            "verifier": [json.dumps(self.cache.get(i, t), sort_keys=True) for i, t in zip(item_id, texts)],
+            "n_completion_tokens": [len(ids) for ids in completion_ids],
+            "truncated": [not (len(ids) > 0 and ids[-1] in self.eos) for ids in completion_ids],
+        }, schema_overrides={"n_completion_tokens": pl.Int32})
+
+    def scored(self, completions, completion_ids, item_id) -> pl.DataFrame:
+        key = (id(completions), len(completions))
+        if key != self._key:
+            self._scored = reward_mod.score_frame(self.harness.rewards, self.frame(completions, completion_ids,
+                                                                                  item_id), self.ctx)
+            self._key = key
+        return self._scored
+
+
+def reward_functions(scorer: BatchScorer) -> list[Callable]:
+    """One TRL reward function per harness component (TRL logs each as rewards/<name>/mean)."""
     funcs = []
-    for spec in harness.rewards:
-        component = reward_mod.get(spec.name)
+    for spec in scorer.harness.rewards:
+        def fn(prompts, completions, completion_ids, item_id, _name=spec.name, **kwargs):
+            col = scorer.scored(completions, completion_ids, item_id)[f"r.{_name}"]
+            return [None if v is None else float(v) for v in col.to_list()]
 
-        def fn(prompts, completions, item_id, _component=component, **kwargs):
-            out = []
-            for iid, comp in zip(item_id, completions):
-                text = completion_text(comp)
-                value = _component(cache.get(iid, text), text)
-                out.append(None if value is None else float(value))
-            return out
-
-        fn.__name__ = spec.name  # TRL names metrics rewards/<__name__>/mean
+        fn.__name__ = spec.name
         funcs.append(fn)
     return funcs
 
@@ -93,8 +120,12 @@ class EpochSeededRepeatSampler(RepeatSampler):
 
 class RecordingGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, store: Store, version: str, cache: VerifierCache, harness: HarnessSpec,
+                 scorer: BatchScorer, filter_state: FilterState | None = None,
                  log: Callable[[str], None] = print, **kwargs):
         super().__init__(*args, **kwargs)
+        scorer.eos = set(self.eos_token_ids)
+        self.scorer = scorer
+        self.filter_state = filter_state or FilterState()
         if self.args.steps_per_generation != self.args.gradient_accumulation_steps or self.num_iterations != 1:
             raise ValueError("the recorder needs exactly one generation batch per optimizer step")
         self.store, self.version, self.cache, self.harness, self.log_line = store, version, cache, harness, log
@@ -124,6 +155,7 @@ class RecordingGRPOTrainer(GRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         t0 = time.perf_counter()
         self._rows = self._build_rows(out)
+        self._apply_harness(out)
         self._logp = torch.full((len(self._rows),), float("nan"))
         out["_rec_row"] = torch.arange(len(self._rows), device=out["advantages"].device)
         self.recorder_seconds += time.perf_counter() - t0
@@ -170,6 +202,35 @@ class RecordingGRPOTrainer(GRPOTrainer):
             raise RuntimeError("recorder: a GRPO group's samples are not contiguous; TRL's sampler changed")
         self.cache.clear()
         return rows
+
+    def _apply_harness(self, out) -> None:
+        """Rewards, trajectory and group filters, advantages: the harness functions backtests use.
+
+        TRL already computed rewards with the same components (via BatchScorer) and advantages with
+        the same arithmetic; the harness adds the filters. Its advantages replace TRL's (a filtered
+        rollout gets 0: no gradient), and the dapo token-mean denominator counts kept tokens only.
+        """
+        frame = pl.DataFrame(self._rows, infer_schema_length=None)
+        scored, self.filter_state = apply_harness(self.harness, frame, self.scorer.ctx, self.filter_state)
+        trl_adv = out["advantages"].detach().float().cpu()
+        if not (scored["filtered"].any() or self.harness.scale_rewards != "group"):
+            # no filter acted: the harness must reproduce TRL's own numbers (one implementation)
+            diff = (torch.tensor(scored["advantage"].fill_null(0.0).to_list()) - trl_adv).abs().max().item()
+            if diff > 1e-3:
+                raise RuntimeError(f"recorder: harness advantages differ from TRL's by {diff:.2e}")
+        adv = torch.tensor(scored["advantage"].fill_null(0.0).to_list(), dtype=out["advantages"].dtype,
+                           device=out["advantages"].device)
+        out["advantages"] = adv
+        keep = torch.tensor((~scored["filtered"]).to_list(), device=out["completion_mask"].device)
+        kept_tokens = (out["completion_mask"] * keep[:, None]).sum()
+        out["num_items_in_batch"] = kept_tokens.to(out["num_items_in_batch"].dtype) if torch.is_tensor(
+            out["num_items_in_batch"]) else kept_tokens
+        for row, reward, adv_v, filt, why in zip(self._rows, scored["reward"], scored["advantage"],
+                                                  scored["filtered"], scored["filter_reason"]):
+            row.update(reward=reward, advantage=adv_v, filtered=bool(filt), filter_reason=why)
+        for name in [c.name for c in self.harness.rewards]:
+            for row, v in zip(self._rows, scored[f"r.{name}"]):
+                row[f"r.{name}"] = v
 
     def _compute_loss(self, model, inputs):
         self._loss_rows = inputs.get("_rec_row") if model.training else None

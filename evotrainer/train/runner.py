@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 from .. import paths, policy
 from ..envs import build_domain, load_items
 from ..errors import EvoTrainerError
-from ..schema import EvalCompleted, StepsAbandoned, TrainingFinished, TrainingStarted, VersionFailed, VersionSpec
+from ..schema import DataSelectionSpec, EvalCompleted, StepsAbandoned, TrainingFinished, TrainingStarted, VersionFailed, VersionSpec
 from ..status import from_ledger
 from ..store import Store, atomic_write_bytes
 
@@ -174,7 +174,8 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
     import transformers
     from datasets import Dataset
 
-    from .recorder import RecordingGRPOTrainer, VerifierCache, reward_functions
+    from ..harness.filters import FilterState, state_from_steps
+    from .recorder import BatchScorer, RecordingGRPOTrainer, VerifierCache, reward_functions
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
@@ -189,6 +190,12 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
 
     domain = build_domain(spec.data, spec.harness.system_prompt)
     train_items, val_items = load_items(spec.data, domain)
+    if spec.harness.data_selection != DataSelectionSpec():
+        from ..harness.data import select_from_store
+
+        train_items, summary = select_from_store(store, spec.harness.data_selection, train_items,
+                                                 parent=spec.parent, seed=spec.seed)
+        log(f"{version}: data selection kept {len(train_items)} items ({summary})")
     cache = VerifierCache(domain, {i.item_id: i for i in [*train_items, *val_items]})
     dataset = Dataset.from_list([{"prompt": domain.messages(i), "item_id": i.item_id} for i in train_items])
 
@@ -199,10 +206,17 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
     t = spec.train
     final_dir = store.final_dir(version)
     if not (final_dir / FINAL_MARKER).exists():
+        scorer = BatchScorer(spec.harness, cache, t.max_completion_length)
+        # The group filter's EMA state is derived from the evidence: replay the steps already done.
+        state = FilterState()
+        if resume_step and spec.harness.group_filter.kind == "std_ema":
+            state = state_from_steps(spec.harness.group_filter,
+                                     store.rollouts(version, "train", steps=(None, resume_step)).collect())
         trainer = RecordingGRPOTrainer(
-            model=model, processing_class=tokenizer, reward_funcs=reward_functions(spec.harness, cache),
+            model=model, processing_class=tokenizer, reward_funcs=reward_functions(scorer),
             args=grpo_config(spec, store.checkpoints_dir(version)), train_dataset=dataset,
-            store=store, version=version, cache=cache, harness=spec.harness, log=log,
+            store=store, version=version, cache=cache, harness=spec.harness, scorer=scorer,
+            filter_state=state, log=log,
         )
         trainer.remove_callback(transformers.PrinterCallback)  # our recorder prints one line per step
         if t.eval_every:
@@ -235,9 +249,9 @@ def run_eval(store, version, spec, domain, items, model, tokenizer, step, log) -
         model, tokenizer, prompts, t.eval_k, temperature=t.eval_temperature, top_p=t.top_p,
         max_new_tokens=t.eval_max_new_tokens or t.max_completion_length, seed=spec.seed * 1000 + step,
     )
-    rows = val_rows(campaign=store.campaign.name, version=version, step=step, items=items, prompts=prompts,
-                    samples=samples, n_prompt_tokens=n_prompt, domain=domain, harness=spec.harness)
-    df = pl.DataFrame(rows, infer_schema_length=None)
+    df = val_rows(campaign=store.campaign.name, version=version, step=step, items=items, prompts=prompts,
+                  samples=samples, n_prompt_tokens=n_prompt, domain=domain, harness=spec.harness,
+                  max_completion_length=t.eval_max_new_tokens or t.max_completion_length)
     store.append_rollouts(version, "val", step, df)
     per_item = df.group_by("item_id").agg(pl.col("correct").cast(pl.Float64).mean())
     avg = float(per_item["correct"].mean())
