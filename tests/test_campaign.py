@@ -91,7 +91,7 @@ def test_smoke_campaign_fills_the_store_and_ledger_replay_matches_status(tmp_pat
     # a second run on a finished campaign is a no-op report
     again = cli("run", "--preset", "smoke", "--campaign", str(camp), "--versions", "2", "--resume", data_dir=data_dir)
     assert again.returncode == 0 and "training" not in again.stdout.split("campaign")[0]
-    assert store.rollouts().select(pl.len()).collect().item() == 2 * (T.max_steps * ROWS_PER_STEP + 8)
+    assert store.rollouts().select(pl.len()).collect().item() == 2 * (T.max_steps * ROWS_PER_STEP + SMOKE.data.n_val * T.eval_k)
 
 
 def _wait_for(pred, timeout):
