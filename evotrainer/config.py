@@ -34,10 +34,10 @@ PRESETS: dict[str, RunConfig] = {
     "smoke": RunConfig(
         policy="tiny",
         versions=2,
-        data=DataSpec(tiers=(0,), n_train=16, n_val=6, seed=0),
+        data=DataSpec(tiers=(0,), n_train=16, n_val=7, seed=0),
         train=TrainConfig(
             max_steps=3, prompts_per_step=2, group_size=4, max_prompt_length=128, max_completion_length=12,
-            learning_rate=1e-4, eval_k=2, checkpoint_every=1,
+            learning_rate=1e-4, eval_k=4, checkpoint_every=1,
         ),
     ),
     # The embedded SmolLM2-135M-Instruct on one-digit sums: a real GRPO run on two CPU cores.

@@ -125,15 +125,24 @@ def from_tables(store: Store) -> CampaignStatus:
 
 def format_status(status: CampaignStatus, store: Store | None = None) -> str:
     lines = [f"campaign {status.name}"]
+    loop = None
+    specs = {}
     if store is not None:
+        from .loopstate import derive
+
         spec = store.campaign
         lines.append(
             f"  policy {spec.policy} | domain {spec.data.domain} tiers {list(spec.data.tiers)} | "
             f"{spec.train.max_steps} steps x {spec.train.prompts_per_step} prompts x {spec.train.group_size} samples"
+            + (f" | human gates: {', '.join(spec.gates)}" if spec.gates else "")
         )
-    header = f"  {'version':8} {'parent':7} {'state':9} {'steps':>6} {'reward(last)':>12} {'correct(last)':>13} {'Avg@k':>8}"
+        loop = derive(store.ledger.events(), status.name)
+        specs = {v: store.read_version(v) for v in store.versions()}
+    header = (f"  {'version':8} {'parent':7} {'state':9} {'steps':>6} {'reward(last)':>12} {'correct(last)':>13} "
+              f"{'Avg@k':>8}      {'decision':13} intervention")
     lines.append(header)
-    best = status.best
+    judged = loop is not None and any(lp.judged for lp in loop.versions.values())
+    best_name = loop.best() if judged else (status.best.version if status.best else None)
     for name, v in sorted(status.versions.items()):
         last = v.steps.get(v.last_step)
         reward = f"{last[1]:.3f}" if last else "-"
@@ -141,13 +150,28 @@ def format_status(status: CampaignStatus, store: Store | None = None) -> str:
         avg = v.final_avg_at_k
         k = v.evals[max(v.evals)][0] if v.evals else None
         avg_s = f"{avg:.3f}" if avg is not None else "-"
-        mark = " *best" if best is not None and best.version == name else ""
+        decision = "-"
+        if loop is not None and name in loop.versions and loop.versions[name].outcome:
+            lp = loop.versions[name]
+            decision = lp.outcome + (" (person)" if lp.outcome != (lp.judged.outcome if lp.judged else None) else "")
+        iv = ""
+        spec = specs.get(name)
+        if spec is not None and spec.intervention:
+            iv = f"{spec.intervention}: {spec.note}"
+        mark = " *best" if best_name == name else ""
         lines.append(
             f"  {name:8} {v.parent or '-':7} {v.state.value:9} {len(v.steps):>6} {reward:>12} {correct:>13} "
-            f"{avg_s:>8}{f' (k={k})' if k else ''}{mark}"
+            f"{avg_s:>8}{f' k={k}' if k else '    '} {decision + mark:13} {iv}".rstrip()
         )
         if v.error:
             lines.append(f"           error: {v.error}")
+    if loop is not None:
+        waiting = [(n, g) for n, lp in sorted(loop.versions.items()) for g in sorted(lp.gates_opened)
+                   if g not in lp.gates_answered]
+        for n, g in waiting:
+            lines.append(f"  waiting: {n} at the {g} gate (evotrainer gate {store.root} approve|revise|abort)")
+        if loop.aborted:
+            lines.append("  campaign aborted at a gate")
     if status.ledger_torn_lines:
         lines.append(f"  note: {status.ledger_torn_lines} torn ledger line(s) from a crashed writer were skipped")
     return "\n".join(lines)
