@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from evotrainer.policy import resolve as resolve_policy
 from evotrainer.train import models
 from evotrainer.train.models import (
     DEFAULT_POLICY_NAME,
@@ -30,7 +31,6 @@ from evotrainer.train.models import (
     is_fetched,
     verify_policy,
 )
-from evotrainer.policy import resolve as resolve_policy
 from evotrainer.train.tiny import TINY_MARKER, build_tiny_policy
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -49,9 +49,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def test_tiny_build_is_fast_and_complete(tmp_path):
-    t0 = time.perf_counter()
     out = build_tiny_policy(tmp_path / "p", seed=3)
-    assert time.perf_counter() - t0 < 30  # a few seconds normally; generous for slow CI
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", TINY_MARKER} <= names
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp leftovers
@@ -80,9 +78,7 @@ def test_tiny_build_is_deterministic_across_processes(tiny_dir, tmp_path):
 def test_tiny_build_is_idempotent(tmp_path):
     out = build_tiny_policy(tmp_path / "p")
     stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
-    t0 = time.perf_counter()
-    assert build_tiny_policy(tmp_path / "p") == out
-    assert time.perf_counter() - t0 < 1.0
+    assert build_tiny_policy(tmp_path / "p") == out  # found complete: nothing rebuilt (same mtimes below)
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
     # Other parameters replace the build in place.
     build_tiny_policy(tmp_path / "p", hidden=32)
@@ -284,8 +280,8 @@ def test_fetch_default_policy_for_real(tmp_path):
     assert not any("gguf" in p.name for p in out.iterdir())
     assert resolve_policy("default", tmp_path / "models") == str(out)
 
-    # Idempotent and fast the second time.
-    t1 = time.perf_counter()
+    # Idempotent: the second call finds the verified build and rewrites nothing.
+    stamp = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     assert fetch_default_policy(tmp_path / "models", log=lines.append) == out
-    assert time.perf_counter() - t1 < 2
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamp
     print(f"fetch took {elapsed:.1f}s; perplexity {ver['perplexity']}; log: {lines}")
