@@ -24,6 +24,8 @@ class RunConfig(Frozen):
     gates: tuple[Literal["diagnosis", "design", "backtest", "completion"], ...] = ()
     agent: str = "playbook"
     candidates_per_version: int = Field(3, ge=1, le=10)
+    probes: int = Field(0, ge=0, le=9)
+    probe_steps: int | None = Field(None, gt=0)
     data: DataSpec = DataSpec()
     train: TrainConfig = TrainConfig()
     harness: HarnessSpec = HarnessSpec()

@@ -27,8 +27,8 @@ from .harness import rewards as reward_mod
 from . import interventions
 from .loopstate import LoopState, VersionLoop, derive
 from .schema import (BacktestCompleted, CampaignAborted, CampaignSpec, Decision, GateAnswered, GateOpened, HealthReported,
-                     Intervention, InterventionProposed, InterventionSelected, VersionCreated, VersionFailed,
-                     VersionJudged, VersionSpec, version_name)
+                     Intervention, InterventionProposed, InterventionSelected, ProbesCompared, VersionCreated,
+                     VersionFailed, VersionJudged, VersionSpec, probe_name, version_name)
 from .status import CampaignStatus, VersionState, format_status, from_ledger
 from .store import Store
 
@@ -43,7 +43,8 @@ def campaign_spec(config: RunConfig, name: str, preset: str | None) -> CampaignS
     return CampaignSpec(
         name=name, preset=preset, policy=config.policy, data=config.data, train=config.train,
         harness=config.harness, seed=config.seed, warm_start=config.warm_start, gates=config.gates,
-        agent=config.agent, candidates_per_version=config.candidates_per_version,
+        agent=config.agent, candidates_per_version=config.candidates_per_version, probes=config.probes,
+        probe_steps=config.probe_steps,
     )
 
 
@@ -282,11 +283,53 @@ def _choose_intervention(store: Store, index: int, agent, log: Log) -> str | Non
         reports = {b.backtest_id: b for b in store.backtests()}
         pairs = [(store.read_intervention(i), reports.get(lp.backtests[i][0])) for i in candidates]
         ranked = agent.rank(ctx, pairs)
+        if store.campaign.probes > 0:
+            ranked = _probe(store, index, parent, ranked[: store.campaign.probes], log)
         chosen, bt = ranked[0][0].intervention_id, (ranked[0][1].backtest_id if ranked[0][1] else None)
     store.ledger.append(InterventionSelected(version=name, intervention_id=chosen, backtest_id=bt, actor=agent.name))
     log(f"{name}: selected {chosen} ({interventions.describe(store.read_intervention(chosen))})")
     _maybe_die("intervention_selected")
     return chosen
+
+
+def _probe(store: Store, index: int, parent: str, ranked: list, log: Log) -> list:
+    """Train each candidate as a short probe from the same parent (same seed, same held-out items)
+    and put the probe with the best Avg@k first. Sequential here; independent runs by design, so a
+    cluster can run them in parallel."""
+    name = version_name(index)
+    done = _state(store).loop(name).probes
+    if done is None:
+        parent_spec = store.read_version(parent)
+        steps = store.campaign.probe_steps or max(1, parent_spec.train.max_steps // 3)
+        names, avgs = [], []
+        for k, (iv, _) in enumerate(ranked):
+            pname = probe_name(index, k)
+            current = from_ledger(store).versions.get(pname)
+            if current is None:
+                child = child_version_spec(store, index, parent, iv)
+                child = VersionSpec.model_validate({
+                    **child.model_dump(), "version": pname, "role": "probe", "note": f"probe: {child.note}",
+                    "train": {**child.train.model_dump(), "max_steps": steps, "eval_every": 0}})
+                store.write_version(child)
+                store.ledger.append(VersionCreated(version=pname, parent=parent, reason=child.note))
+            if current is None or current.state is not VersionState.TRAINED:
+                _train(store, pname, log)
+            names.append(pname)
+            avgs.append(from_ledger(store).versions[pname].final_avg_at_k)
+        best = max(range(len(ranked)), key=lambda k: (avgs[k] if avgs[k] is not None else -1.0, -k))
+        summary = ", ".join(f"{n} {a:.3f}" if a is not None else f"{n} -" for n, a in zip(names, avgs))
+        store.ledger.append(ProbesCompared(
+            version=name, probes=tuple(names), interventions=tuple(iv.intervention_id for iv, _ in ranked),
+            avg_at_k=tuple(avgs), winner=ranked[best][0].intervention_id,
+            reason=f"{steps}-step probes from {parent}: {summary}"))
+        log(f"{name}: probes {summary}; carrying on {ranked[best][0].intervention_id}")
+        _maybe_die("probes_compared")
+        done = _state(store).loop(name).probes
+    order = {iv: i for i, iv in enumerate(done.interventions)}
+    winner = [p for p in ranked if p[0].intervention_id == done.winner]
+    rest = sorted((p for p in ranked if p[0].intervention_id != done.winner),
+                  key=lambda p: order.get(p[0].intervention_id, 99))
+    return winner + rest
 
 
 def _candidates(lp: VersionLoop, gate: str) -> list[str]:

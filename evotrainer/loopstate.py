@@ -27,6 +27,7 @@ class VersionLoop:
     gates_opened: set[str] = field(default_factory=set)
     gates_answered: dict[str, schema.GateAnswered] = field(default_factory=dict)
     health: schema.HealthReported | None = None
+    probes: schema.ProbesCompared | None = None
     judged: schema.VersionJudged | None = None
 
     @property
@@ -89,6 +90,8 @@ def derive(events: list, name: str) -> LoopState:
             v.gates_opened.add(ev.gate)
         elif isinstance(ev, schema.GateAnswered):
             v.gates_answered[ev.gate] = ev
+        elif isinstance(ev, schema.ProbesCompared):
+            v.probes = ev
         elif isinstance(ev, schema.HealthReported):
             v.health = ev
         elif isinstance(ev, schema.VersionJudged):

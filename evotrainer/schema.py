@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -163,6 +164,10 @@ class CampaignSpec(Document):
     gates: tuple[Literal["diagnosis", "design", "backtest", "completion"], ...] = ()  # human gates held
     agent: str = "playbook"
     candidates_per_version: int = Field(3, ge=1, le=10)  # interventions proposed and backtested
+    # Parallel exploration: the top `probes` candidates are trained as short probes (probe_steps)
+    # from the same parent and compared on held-out items before one is carried on (0: off).
+    probes: int = Field(0, ge=0, le=9)
+    probe_steps: int | None = Field(None, gt=0)  # None: a third of max_steps (at least 1)
 
 
 class VersionSpec(Document):
@@ -182,6 +187,7 @@ class VersionSpec(Document):
     train: TrainConfig
     seed: int
     intervention: str | None = None  # id of the Intervention document (none for the fixed chain)
+    role: Literal["full", "probe"] = "full"  # a probe: short run to compare candidate interventions
     note: str = ""
 
 
@@ -189,10 +195,24 @@ def version_name(index: int) -> str:
     return f"v{index:03d}"
 
 
+def probe_name(index: int, k: int) -> str:
+    """A short exploratory child trained to choose among candidate interventions for `index`."""
+    return f"v{index:03d}p{k}"
+
+
+_VERSION_RE = re.compile(r"^v(\d{3})(p\d)?$")
+
+
 def version_index(name: str) -> int:
-    if len(name) != 4 or not name.startswith("v") or not name[1:].isdigit():
-        raise ValueError(f"not a version name: {name!r} (expected like 'v003')")
-    return int(name[1:])
+    m = _VERSION_RE.match(name)
+    if not m:
+        raise ValueError(f"not a version name: {name!r} (expected like 'v003', or 'v003p1' for a probe)")
+    return int(m.group(1))
+
+
+def is_probe(name: str) -> bool:
+    m = _VERSION_RE.match(name)
+    return bool(m and m.group(2))
 
 
 # --------------------------------------------------------------------------- findings and reports
@@ -543,6 +563,17 @@ class GateAnswered(_Event):
     outcome: Literal["promote", "reject", "inconclusive"] | None = None  # REVISE at completion: override
 
 
+class ProbesCompared(_Event):
+    """Short probe children of one parent, compared on the same held-out items; the winner goes on."""
+
+    kind: Literal["probes_compared"] = "probes_compared"
+    version: str
+    probes: tuple[str, ...]
+    interventions: tuple[str, ...]
+    avg_at_k: tuple[float | None, ...]
+    winner: str  # intervention id
+
+
 class CampaignAborted(_Event):
     kind: Literal["campaign_aborted"] = "campaign_aborted"
     version: str
@@ -551,7 +582,7 @@ class CampaignAborted(_Event):
 LedgerEvent = Annotated[
     CampaignCreated | VersionCreated | TrainingStarted | StepCompleted | StepsAbandoned | EvalCompleted
     | TrainingFinished | VersionFailed | HealthReported | VersionJudged | InterventionProposed | BacktestCompleted
-    | InterventionSelected | GateOpened | GateAnswered | CampaignAborted,
+    | InterventionSelected | GateOpened | GateAnswered | ProbesCompared | CampaignAborted,
     Field(discriminator="kind"),
 ]
 

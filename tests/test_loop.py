@@ -323,3 +323,57 @@ def test_intervention_validation_in_python():
     with pytest.raises(interventions.InterventionError, match="hypothesis"):
         interventions.new(parent="v000", **{**_iv(change={"factor": "procedure", "analysis_order": "signal_first"}),
                                             "hypothesis": {"if": "x"}})
+
+
+def test_probes_compare_candidates_before_one_is_carried_on(tmp_path, data_dir, one_version):
+    camp = tmp_path / "camp"
+    shutil.copytree(one_version, camp)
+    # probes are a campaign setting: switch them on in the copied campaign's frozen spec
+    spec = json.loads((camp / "campaign.json").read_text())
+    spec.update(probes=2, probe_steps=1)
+    (camp / "campaign.json").write_text(json.dumps(spec))
+    run = ("run", "--preset", "smoke", "--campaign", str(camp), "--versions", "2", "--resume")
+    res = cli(*run, data_dir=data_dir, env_extra={"EVOTRAINER_DEBUG_DIE_AFTER": "probes_compared"})
+    assert res.returncode == -9, res.stdout[-2000:] + res.stderr[-2000:]
+    res = cli(*run, data_dir=data_dir)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    store = Store.open(camp)
+    assert store.versions() == ["v000", "v001", "v001p0", "v001p1"]
+    compared = events(store, "probes_compared")
+    assert len(compared) == 1 and compared[0].probes == ("v001p0", "v001p1")
+    probes = [store.read_version(p) for p in compared[0].probes]
+    assert all(p.role == "probe" and p.parent == "v000" and p.train.max_steps == 1 for p in probes)
+    assert [p.intervention for p in probes] == list(compared[0].interventions)
+    assert len({p.intervention for p in probes}) == 2 and len({p.seed for p in probes}) == 1  # only the change differs
+    v1 = store.read_version("v001")
+    assert v1.role == "full" and v1.intervention == compared[0].winner and v1.train.max_steps == 3
+    assert [e.version for e in events(store, "version_judged")] == ["v000", "v001"]  # probes are not judged
+    assert from_ledger(store).comparable() == from_tables(store).comparable()
+
+
+def test_diagnose_and_backtest_an_imported_run_without_the_training_stack(tmp_path):
+    from evotrainer.testing import synthetic_rollouts
+
+    rows = pl.concat([synthetic_rollouts("ext", "v000", "train", s, 4, 4, seed=s) for s in (1, 2, 3)])
+    src = tmp_path / "run.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows.drop(["rollout_uid", "campaign"]).to_dicts()) + "\n")
+    iv = tmp_path / "iv.json"
+    iv.write_text(json.dumps({**_iv(change={"factor": "reward", "op": "add",
+                                            "component": {"name": "length", "weight": 0.1}}), "parent": "v000"}))
+    camp = tmp_path / "camp"
+    blocked = ("import sys\n"
+               "for m in ('torch', 'transformers', 'trl', 'peft', 'datasets', 'accelerate'):\n"
+               "    sys.modules[m] = None  # importing any of them now raises ImportError\n"
+               "from evotrainer.cli import main\n"
+               "sys.exit(main(sys.argv[1:]))\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for args in (["import", str(src), "--campaign", str(camp)], ["diagnose", str(camp), "--json"],
+                 ["backtest", str(camp), "--intervention", str(iv), "--json"], ["report", str(camp)]):
+        res = subprocess.run([sys.executable, "-c", blocked, *args], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, (args, res.stderr[-2000:])
+        if args[0] == "diagnose":
+            report = json.loads(res.stdout)[0]
+            assert report["version"] == "v000" and "dead_groups/dgr" in report["metrics"]
+        if args[0] == "backtest":
+            assert json.loads(res.stdout)["n_rollouts"] == rows.height

@@ -32,6 +32,8 @@ class AgentContext:
         history = []
         for name in store.versions():
             spec = store.read_version(name)
+            if spec.role == "probe":
+                continue
             iv = store.read_intervention(spec.intervention) if spec.intervention else None
             history.append(HistoryEntry(name, spec.parent, iv, state.loop(name).outcome))
         return cls(store=store, version=version, parent=parent, parent_spec=store.read_version(parent),
