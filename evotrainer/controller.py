@@ -145,6 +145,16 @@ class WaitingForGate(EvoTrainerError):
     """The campaign is held at a human gate; answer it with `evotrainer gate` and resume."""
 
 
+class Paused(EvoTrainerError):
+    """A pause was requested (Lab.pause / pause.request); the loop stopped between phases."""
+
+
+def _check_pause(store: Store) -> None:
+    if store.pause_requested():
+        raise Paused(f"campaign {store.root} paused between phases; resume with Lab.resume() or "
+                     f"`evotrainer run --campaign {store.root} --resume` after removing pause.request")
+
+
 def run_campaign(
     campaign_dir: Path, config: RunConfig | None, versions: int, resume: bool = False,
     preset: str | None = None, log: Log = print, agent=None,
@@ -154,12 +164,13 @@ def run_campaign(
     policy.check(store.campaign.policy, paths.models_dir())  # a resumed campaign's model may have moved
     agent = agent or make_agent(store.campaign.agent)
     log(f"campaign {store.campaign.name} at {store.root}")
-    try:
-        for index in range(versions):
-            if not _advance_version(store, index, agent, log):
-                break
-    except WaitingForGate as held:
-        log(str(held))
+    with store.controller_lock():
+        try:
+            for index in range(versions):
+                if not _advance_version(store, index, agent, log):
+                    break
+        except (WaitingForGate, Paused) as held:
+            log(str(held))
     final = from_ledger(store)
     log(format_status(final, store))
     log(f"results: {store.root}  (rollouts under versions/*/rollouts, ledger.jsonl; `evotrainer status {store.root}`)")
@@ -185,6 +196,7 @@ def _advance_version(store: Store, index: int, agent, log: Log) -> bool:
     if state.aborted:
         log("campaign was aborted at a gate; nothing more to do")
         return False
+    _check_pause(store)
     lp = state.loop(name)
     if name not in state.status.versions:
         if index == 0:
@@ -375,6 +387,7 @@ def _backtest(store: Store, iv: Intervention, log: Log):
 
 
 def _train(store: Store, name: str, log: Log) -> None:
+    _check_pause(store)
     started = time.monotonic()
     log(f"== {name}: training (log: {store.train_log(name)})")
     rc = train_version(store, name, log)

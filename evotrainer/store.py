@@ -319,6 +319,70 @@ class Store:
         path = self.version_dir(version) / "diagnostics" / "health.json"
         return _read_doc(path, HealthReport) if path.exists() else None
 
+    # ---- the controller: one per campaign, and requests to it
+
+    @contextlib.contextmanager
+    def controller_lock(self) -> Iterator[None]:
+        """Held by the process running the loop; a second controller on one campaign is refused."""
+        path = self.root / "controller.lock"
+        fh = open(path, "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            pid = fh.read().strip() or "?"
+            fh.close()
+            raise StoreError(f"campaign {self.root} is already being run by process {pid}; "
+                             "attach to it (evotrainer status / Lab.attach) or stop it first") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    def controller_pid(self) -> int | None:
+        """The pid of the process running the loop now, or None when nobody holds the lock."""
+        path = self.root / "controller.lock"
+        if not path.exists():
+            return None
+        with open(path, "a+") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                text = fh.read().strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
+
+    def controller_log(self) -> Path:
+        """What a background controller (Lab) prints."""
+        return self.root / "controller.log"
+
+    def run_target(self) -> int | None:
+        """How many versions a background run was asked for (so a re-attached Lab can resume it)."""
+        path = self.root / "run-target"
+        return int(path.read_text()) if path.exists() else None
+
+    def set_run_target(self, versions: int) -> None:
+        atomic_write_bytes(self.root / "run-target", f"{versions}\n".encode())
+
+    def request_pause(self, paused: bool) -> None:
+        """The loop checks this between phases: paused, it stops cleanly after the current phase."""
+        path = self.root / "pause.request"
+        if paused:
+            atomic_write_bytes(path, b"pause\n")
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def pause_requested(self) -> bool:
+        return (self.root / "pause.request").exists()
+
     # ---- tables: write primitives (one per table)
 
     def _table_dir(self, version: str, table: str, split: str | None) -> Path:
