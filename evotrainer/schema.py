@@ -262,6 +262,19 @@ class HealthReport(Document):
         return tuple(f for f in self.findings if f.severity in ("warning", "critical"))
 
 
+class UserDiagnostic(Document):
+    """A diagnostic written by a person or an agent: source + hash, never pickled; revisions keep lineage."""
+
+    kind: Literal["user_diagnostic"] = "user_diagnostic"
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{1,63}$")
+    sha256: str
+    author: str
+    reason: str = Field(min_length=3)
+    parent_sha256: str | None = None  # the revision this one edits
+    created_at: str = Field(default_factory=utc_now)
+    validated: bool = False  # retrospective validation passed (see issue 6)
+
+
 # --------------------------------------------------------------------------- interventions
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from . import evidence
 from .errors import CorruptTableError, SchemaVersionError, StoreError
 from .migrations import migrate_document, migrate_event
 from .schema import (SCHEMA_VERSION, BacktestReport, CampaignSpec, Decision, HealthReport, Intervention, LedgerEvent,
-                     VersionSpec, event_to_json, version_index)
+                     UserDiagnostic, VersionSpec, event_to_json, version_index)
 
 _STEP_FILE = re.compile(r"^step=(\d{6})\.parquet$")
 _EVENT = TypeAdapter(LedgerEvent)
@@ -310,6 +311,27 @@ class Store:
 
     def decisions(self) -> list[Decision]:
         return self._get_docs("decisions", Decision)
+
+    def write_user_diagnostic(self, meta: UserDiagnostic, source: str) -> Path:
+        """Source under diagnostics/<name>-<sha12>.py beside its metadata; the hash must match."""
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        if digest != meta.sha256:
+            raise StoreError(f"diagnostic {meta.name}: source hash {digest[:12]} does not match {meta.sha256[:12]}")
+        stem = f"diagnostics/{meta.name}-{digest[:12]}"
+        path = self.root / f"{stem}.py"
+        if not path.exists():
+            atomic_write_bytes(path, source.encode())
+        self._put_doc(f"{stem}.json", meta)
+        return path
+
+    def user_diagnostics(self, name: str | None = None) -> list[tuple[UserDiagnostic, str]]:
+        """Every saved revision (oldest first) with its source, optionally of one name."""
+        out = []
+        for meta in self._get_docs("diagnostics", UserDiagnostic):
+            if name is None or meta.name == name:
+                src = (self.root / "diagnostics" / f"{meta.name}-{meta.sha256[:12]}.py").read_text()
+                out.append((meta, src))
+        return sorted(out, key=lambda p: p[0].created_at)
 
     def write_health_report(self, report: HealthReport) -> Path:
         """Derived from the evidence (recomputed when diagnostics change), so it may be replaced."""
