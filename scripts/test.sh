@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-browser.sh
 exec .venv/bin/python -m pytest -m "not gpu and not live_api" "$@"
