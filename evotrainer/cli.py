@@ -188,6 +188,33 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lab(args: argparse.Namespace) -> int:
+    import importlib.util
+    import os
+    import subprocess
+
+    if importlib.util.find_spec("jupyterlab") is None:
+        raise EvoTrainerError("JupyterLab is not installed; run `bash scripts/setup.sh` (the notebook extra)")
+    root = Path(__file__).resolve().parent.parent
+    notebooks = root / "notebooks"
+    if not notebooks.is_dir():
+        raise EvoTrainerError(f"no notebooks folder at {notebooks}; `evotrainer lab` runs from a source checkout")
+    # kernels inherit this: `import widgets` and the data folder work from the notebooks folder too
+    env = dict(os.environ, EVOTRAINER_DATA=str(paths.data_dir()))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "jupyterlab", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={args.port}",
+           f"--ServerApp.root_dir={notebooks}"]
+    if args.no_browser:
+        cmd.append("--no-browser")
+    if os.geteuid() == 0:  # containers often run as root; Jupyter refuses that unless told
+        cmd.append("--ServerApp.allow_root=True")
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:  # JupyterLab gets the same Ctrl-C and shuts down by itself
+        return proc.wait()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evotrainer", description="EvoTrainer: co-evolving LLM policies and training harnesses")
     sub = p.add_subparsers(dest="command", required=True)
@@ -252,6 +279,11 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("dir")
     doc.add_argument("--quarantine", action="store_true")
     doc.set_defaults(func=_cmd_doctor)
+
+    lab = sub.add_parser("lab", help="open the notebooks in JupyterLab (on 127.0.0.1 only)")
+    lab.add_argument("--port", type=int, default=8888, help="port to serve on (default: 8888)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser; print the URL instead")
+    lab.set_defaults(func=_cmd_lab)
     return p
 
 

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -47,7 +47,7 @@ class LabError(EvoTrainerError):
 class PendingGate:
     """The human gate the campaign is held at. Answering it records who and why in the ledger."""
 
-    lab: Lab
+    lab: Lab = field(repr=False)
     version: str
     gate: str
     subject: tuple[str, ...]
@@ -69,7 +69,7 @@ class PendingGate:
 class Proposal:
     """A candidate intervention the agent proposed for `version`, with its backtest if run."""
 
-    lab: Lab
+    lab: Lab = field(repr=False)
     version: str
     rank: int
     intervention: Intervention
