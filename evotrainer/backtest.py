@@ -200,7 +200,7 @@ def _data_selection_drop(store, candidate: HarnessSpec, baseline: HarnessSpec | 
     """Item ids a candidate's data selection would remove (decided from stored evidence, with the
     same `select_items` training uses); empty when the data selection does not change."""
     from .envs.base import Item
-    from .harness.data import select_items
+    from .harness.data import DataSelectionError, select_items
 
     base = baseline or store.read_version(versions[0]).harness
     spec = candidate.data_selection
@@ -210,7 +210,11 @@ def _data_selection_drop(store, candidate: HarnessSpec, baseline: HarnessSpec | 
     rollouts = store.rollouts(source, split="train", columns=["item_id", "correct"])
     ids = rollouts.select(pl.col("item_id").unique()).collect()["item_id"].sort().to_list()
     items = [Item(item_id=i, question="", answer="") for i in ids]
-    kept, summary = select_items(spec, items, rollouts, seed=0)
+    try:
+        kept, summary = select_items(spec, items, rollouts, seed=0)
+    except DataSelectionError as exc:
+        # The candidate would leave nothing to train on: every seen item is dropped (the verdict says so).
+        return set(ids), f"data selection leaves no training items: {exc}"
     dropped = set(ids) - {i.item_id for i in kept}
     return dropped, (f"data selection removes {len(dropped)} of {len(ids)} items seen in {source} ({summary}); "
                      "their groups leave the after-view")
@@ -255,6 +259,9 @@ def run_backtest(
         notes.append(data_note)
     # A data change removes whole items from training: their groups leave the "after" view.
     a_kept = a.filter(~pl.col("item_id").is_in(sorted(dropped_items))) if dropped_items else a
+    empties_data = a_kept.height == 0
+    if empties_data:
+        a_kept = a  # nothing would be left to train on; keep the metrics defined, the verdict says why
     gb, ga = group_stats(b), group_stats(a_kept)
     before, after = _reward_summary(b, gb), _reward_summary(a_kept, ga)
     dead = gb.select("group_id", pl.col("dead").alias("dead_b")).join(
@@ -305,6 +312,8 @@ def run_backtest(
         guards.append(f"guard rail: the candidate masks {correct_wrongly_filtered} of {n_correct_signal} correct "
                       f"rollouts with signal ({after['correct_wrongly_filtered_share']:.1%} > "
                       f"{correct_filter_tolerance:.0%} tolerated)")
+    if empties_data:
+        guards.append("guard rail: the candidate's data selection would leave no training items at all")
     verdict = "inconclusive"
     if intervention is None:
         reasons.append("inconclusive: no intervention given, so there is no success criterion to test")

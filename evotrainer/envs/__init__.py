@@ -10,6 +10,11 @@ def build_domain(data: DataSpec, system_prompt: str | None = None) -> Domain:
         from .math import DEFAULT_SYSTEM_PROMPT, MathDomain
 
         return MathDomain(tiers=data.tiers, system_prompt=system_prompt or DEFAULT_SYSTEM_PROMPT)
+    if data.domain == "code":
+        from .code import DEFAULT_SYSTEM_PROMPT as CODE_PROMPT
+        from .code import CodeDomain
+
+        return CodeDomain(tiers=data.tiers, system_prompt=system_prompt or CODE_PROMPT)
     raise ValueError(f"unknown domain {data.domain!r}")  # unreachable: DataSpec validates the literal
 
 
