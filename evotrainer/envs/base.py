@@ -40,6 +40,23 @@ class Domain(Protocol):
         ...
 
 
+def split_by_hash(item_id: str, modulus: int = 10) -> str:
+    """'val' for about 1 in `modulus` items, decided by the item's content-hash id alone, so a
+    generator's train and held-out sets can never overlap whatever the seeds and sizes."""
+    digest = item_id.split("-", 1)[-1]
+    return "val" if int(digest, 16) % modulus == 0 else "train"
+
+
+def check_tiers(tiers: Sequence[int], valid: Sequence[int], domain: str) -> tuple[int, ...]:
+    ts = tuple(dict.fromkeys(int(t) for t in tiers))
+    if not ts:
+        raise ValueError(f"{domain}: at least one tier is required")
+    bad = [t for t in ts if t not in valid]
+    if bad:
+        raise ValueError(f"{domain}: unknown tier(s) {bad}; valid tiers are {list(valid)}")
+    return ts
+
+
 def ensure_disjoint(train: Sequence[Item], val: Sequence[Item]) -> None:
     overlap = {i.item_id for i in train} & {i.item_id for i in val}
     if overlap:

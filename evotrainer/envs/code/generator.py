@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
-from evotrainer.envs.base import Item
+from evotrainer.envs.base import Item, split_by_hash
+from evotrainer.envs.base import check_tiers as _check_tiers
 
 Split = Literal["train", "val"]
 TIERS: tuple[int, ...] = (0, 1, 2)
@@ -44,8 +45,8 @@ def make_item_id(question: str, tests: list[dict[str, Any]]) -> str:
 
 
 def split_of(item_id: str) -> Split:
-    digest = item_id.split("-", 1)[-1]
-    return "val" if int(digest, 16) % VAL_MODULUS == 0 else "train"
+    """Which split an item id belongs to; depends on the id alone."""
+    return split_by_hash(item_id, VAL_MODULUS)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -357,13 +358,7 @@ def _pool(tier: int, split: Split) -> tuple[Item, ...]:
 
 
 def check_tiers(tiers: Sequence[int]) -> tuple[int, ...]:
-    ts = tuple(dict.fromkeys(int(t) for t in tiers))
-    if not ts:
-        raise ValueError("code: at least one tier is required")
-    bad = [t for t in ts if t not in TIERS]
-    if bad:
-        raise ValueError(f"code: unknown tier(s) {bad}; valid tiers are {list(TIERS)}")
-    return ts
+    return _check_tiers(tiers, TIERS, "code")
 
 
 def pool_size(tiers: Sequence[int], split: Split) -> int:

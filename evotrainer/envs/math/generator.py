@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
 from typing import Literal
 
-from evotrainer.envs.base import Item
+from evotrainer.envs.base import Item, split_by_hash
+from evotrainer.envs.base import check_tiers as _check_tiers
 
 Split = Literal["train", "val"]
 TIERS: tuple[int, ...] = (0, 1, 2, 3, 4)
@@ -36,8 +37,7 @@ def make_item_id(tier: int, question: str, answer: str) -> str:
 
 def split_of(item_id: str) -> Split:
     """Which split an item id belongs to; depends on the id alone."""
-    digest = item_id.split("-", 1)[-1]
-    return "val" if int(digest, 16) % VAL_MODULUS == 0 else "train"
+    return split_by_hash(item_id, VAL_MODULUS)  # type: ignore[return-value]
 
 
 def _item(tier: int, problem: Problem) -> Item:
@@ -219,13 +219,7 @@ def _pool(tier: int, split: Split) -> tuple[Item, ...]:
 
 
 def check_tiers(tiers: Sequence[int]) -> tuple[int, ...]:
-    ts = tuple(dict.fromkeys(int(t) for t in tiers))
-    if not ts:
-        raise ValueError("math: at least one tier is required")
-    bad = [t for t in ts if t not in TIERS]
-    if bad:
-        raise ValueError(f"math: unknown tier(s) {bad}; valid tiers are {list(TIERS)}")
-    return ts
+    return _check_tiers(tiers, TIERS, "math")
 
 
 def _quotas(n: int, k: int) -> list[int]:
