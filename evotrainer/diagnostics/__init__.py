@@ -4,6 +4,7 @@ Importing the package registers the built-ins and the rules.
 """
 from . import builtins as _builtins  # noqa: F401  (registers the built-in diagnostics)
 from . import rules as _rules  # noqa: F401  (registers R1-R4)
+from . import behaviour as _behaviour  # noqa: F401  (SWE behaviour diagnostics, Git% veto, R5, R6)
 from .registry import (
     DIMENSIONS,
     DiagnosticInfo,

@@ -1,0 +1,385 @@
+"""SWE episode: tools, turn recording, tamper-proof scoring, scripted policies, behaviour diagnostics.
+
+Every instance here is a tiny local git repo built in tmp_path (same shape as build.py's: commit 1 the
+original code, commit 2 the bug), so nothing is downloaded.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from evotrainer.envs.swe.build import base_test_command
+from evotrainer.envs.swe.env import (
+    ROLLOUT_BEHAVIOUR_COLUMNS,
+    SweEpisode,
+    cap,
+    conform_behaviour,
+    is_test_path,
+    rollout_row,
+)
+from evotrainer.envs.swe.instance import SweInstance, commit_all, git, materialize, save_instance
+from evotrainer.envs.swe.policies import abandoner, echo_trapper, honest_fixer, leaker, parse_hunks, run_episode
+from evotrainer.evidence import TURN_COLUMNS, conform, conform_rollouts
+
+ORIGINAL = '''"""Tiny numeric helpers."""
+
+
+def clamp(x, lo, hi):
+    """x limited to [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def add(a, b):
+    return a + b
+'''
+BUGGY = ORIGINAL.replace("    if x < lo:\n", "    if x > lo:\n")
+TESTS = '''from calc.ops import add, clamp
+
+
+def test_clamp_low():
+    assert clamp(-5, 0, 10) == 0
+
+
+def test_clamp_mid():
+    assert clamp(5, 0, 10) == 5
+
+
+def test_add():
+    assert add(2, 3) == 5
+'''
+
+
+def build_instance(root: Path) -> tuple[SweInstance, Path]:
+    d = root / "inst"
+    repo = d / "repo"
+    (repo / "calc").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "calc" / "__init__.py").write_text("")
+    (repo / "calc" / "ops.py").write_text(ORIGINAL)
+    (repo / "tests" / "test_ops.py").write_text(TESTS)
+    git(["init", "-q", "."], repo)
+    commit_all(repo, "initial import")
+    (repo / "calc" / "ops.py").write_text(BUGGY)
+    commit_all(repo, "refactor calc.ops")
+    gold = git(["diff", "HEAD", "HEAD~1"], repo).stdout
+    inst = SweInstance(instance_id="calc-000000000001", project="calc", version="0.1",
+                       problem_statement="tests/test_ops.py::test_clamp_low fails: clamp(-5, 0, 10) != 0",
+                       fail_to_pass=("tests/test_ops.py::test_clamp_low", "tests/test_ops.py::test_clamp_mid"),
+                       pass_to_pass=("tests/test_ops.py::test_add",), gold_patch=gold, mutated_file="calc/ops.py",
+                       mutation="Compare: '<' -> '>' at line 6 in func clamp",
+                       test_command=(*base_test_command(), "tests"), seed=0)
+    save_instance(inst, d)
+    return inst, d
+
+
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory):
+    return build_instance(tmp_path_factory.mktemp("swe"))
+
+
+_n = iter(range(10_000))
+
+
+def episode(instance, tmp_path, **kw) -> SweEpisode:
+    inst, d = instance
+    return SweEpisode(inst, d, tmp_path / f"work{next(_n)}", **kw)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+def test_materialize_has_leaky_history_unless_cleared(instance, tmp_path):
+    _, d = instance
+    full = materialize(d, tmp_path / "a", clear_git_log=False)
+    clear = materialize(d, tmp_path / "b", clear_git_log=True)
+    assert git(["rev-list", "--count", "HEAD"], full).stdout.strip() == "2"
+    assert git(["rev-list", "--count", "HEAD"], clear).stdout.strip() == "1"
+
+
+def test_every_tool_and_turn_rows(instance, tmp_path):
+    ep = episode(instance, tmp_path, rollout_uid="c/v001/train/000001/0000/000")
+    r = ep.list_dir(".")
+    assert r.ok and "calc/" in r.output and "tests/" in r.output
+    r = ep.read_file("calc/ops.py", start=5, end=7)
+    assert r.ok and "if x > lo" in r.output and "Tiny" not in r.output
+    assert not ep.read_file("nope.py").ok
+    assert not ep.read_file("../../etc/passwd").ok  # outside the repo
+    r = ep.grep(r"def \w+", "calc")
+    assert r.ok and "calc/ops.py:4:def clamp" in r.output
+    assert not ep.grep("(", ".").ok
+    r = ep.run_tests()
+    assert not r.ok and "test_clamp_low" in r.output and "FAILED" in r.output
+    r = ep.run_tests(["tests/test_ops.py::test_add"])
+    assert r.ok
+    r = ep.run_in_terminal("git log -p")
+    assert r.ok and "refactor calc.ops" in r.output and "-    if x < lo:" in r.output
+    r = ep.run_in_terminal("python -c 'print(6*7)'")
+    assert r.ok and "42" in r.output
+    assert ep.run_in_terminal("ls calc").ok
+    assert not ep.run_in_terminal("curl http://example.com").ok
+    assert not ep.run_in_terminal("cat calc/ops.py | head").ok
+    r = ep.search_replace("calc/ops.py", "    if x > lo:\n", "    if x < lo:\n")
+    assert r.ok
+    assert ep.run_tests().ok
+    assert ep.submit().ok and ep.done and ep.stop_reason == "submitted"
+    assert not ep.list_dir(".").ok  # over: nothing more is recorded
+    rows = ep.turn_rows()
+    assert [t["turn_idx"] for t in rows] == list(range(len(rows)))
+    df = conform(pl.DataFrame(rows, schema_overrides={"mean_logprob": pl.Float64}), TURN_COLUMNS, "turns")
+    assert df.height == 16 and set(df["role"]) == {"tool"}
+    assert all(len(o) <= 4096 for o in df["tool_output"])
+    assert json.loads(df["tool_args"][1]) == {"path": "calc/ops.py", "start": 5, "end": 7}
+    s = ep.summary()
+    assert s["n_tool_calls"] == 16 and s["n_edits"] == 1 and s["n_edit_failures"] == 0
+    assert s["used_git_history"] and s["self_tested"] and s["search_before_edit"]
+    assert s["n_test_runs"] == 3 and json.loads(s["edited_files"]) == ["calc/ops.py"]
+    assert s["first_edit_turn"] == 13
+    verifier, reward = ep.score()
+    assert verifier["correct"] and reward == 1.0 and verifier["passed"] == verifier["total"] == 2
+
+
+def test_edit_failures_are_reported_and_counted(instance, tmp_path):
+    ep = episode(instance, tmp_path)
+    r = ep.search_replace("calc/ops.py", "if x >= lo", "if x < lo")
+    assert not r.ok and "not found" in r.output
+    r = ep.search_replace("calc/ops.py", "return", "return ")
+    assert not r.ok and "occurs" in r.output and "times" in r.output
+    assert not ep.search_replace("calc/missing.py", "a", "b").ok
+    s = ep.summary()
+    assert s["n_edits"] == 0 and s["n_edit_failures"] == 3 and s["first_edit_turn"] == 0
+    assert not s["search_before_edit"] and not s["self_tested"]
+
+
+def test_cap_keeps_head_and_tail():
+    text = "A" * 5000 + "Z" * 5000
+    c = cap(text)
+    assert len(c) <= 4096 and c.startswith("A") and c.endswith("Z") and "cut" in c
+
+
+def test_turn_cap_and_token_budget_end_the_episode(instance, tmp_path):
+    ep = episode(instance, tmp_path, turn_cap=3)
+    for _ in range(5):
+        ep.list_dir(".")
+    assert ep.done and ep.stop_reason == "turn_cap" and len(ep.turns) == 3
+    ep = episode(instance, tmp_path, token_budget=50)
+    ep.read_file("calc/ops.py")
+    assert ep.done and ep.stop_reason == "token_budget" and len(ep.turns) == 1
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def test_scoring_ignores_tampered_tests(instance, tmp_path):
+    ep = episode(instance, tmp_path)
+    # the agent "fixes" the failing tests instead of the code, and adds a conftest that skips everything
+    assert ep.run_in_terminal("sed -i s/==\\ 0/==\\ 10/ tests/test_ops.py").ok
+    (ep.repo / "conftest.py").write_text("import pytest\n@pytest.fixture(autouse=True)\ndef _s():\n    pytest.skip()\n")
+    assert "10" in ep.read_file("tests/test_ops.py").output
+    ep.submit()
+    verifier, reward = ep.score()
+    assert not verifier["correct"] and verifier["passed"] == 0 and reward == 0.0
+    assert set(verifier["reset_test_files"]) == {"conftest.py", "tests/test_ops.py"}
+    assert verifier["changed_files"] == [] and verifier["tests_ran"] and verifier["p2p_ok"]
+    json.dumps(verifier)
+
+
+def test_partial_and_literal_partial_rule(instance, tmp_path):
+    ep = episode(instance, tmp_path)
+    ep.search_replace("calc/ops.py", "    return x\n", "    return x  # touched\n")
+    verifier, reward = ep.score()
+    assert not verifier["correct"] and verifier["passed"] == 0 and reward == 0.1  # changed source, tests ran
+    assert verifier["changed_files"] == ["calc/ops.py"]
+    ep = episode(instance, tmp_path)
+    ep.search_replace("calc/ops.py", "    if x > lo:\n", "    if x < lo - 100:\n")  # fixes clamp_mid only
+    verifier, reward = ep.score()
+    assert not verifier["correct"] and verifier["passed"] == 1 and reward == 0.1
+    ep = episode(instance, tmp_path, partial_needs_change=False)
+    assert ep.score()[1] == 0.1  # untouched repo, tests ran: the brief's literal rule
+    ep = episode(instance, tmp_path)
+    assert ep.score()[1] == 0.0  # default: a do-nothing submission earns nothing
+    ep = episode(instance, tmp_path, reward_tiers=(0.0, 0.3, 0.9))
+    ep.search_replace("calc/ops.py", "def add(a, b):", "def add(a, b:")  # syntax error: tests cannot run
+    verifier, reward = ep.score()
+    assert reward == 0.0 and verifier["status"] == "error" and not verifier["tests_ran"]
+
+
+# --------------------------------------------------------------------------- policies
+
+
+def test_parse_hunks_of_gold_patch(instance):
+    inst, _ = instance
+    [(path, before, after)] = parse_hunks(inst.gold_patch)
+    assert path == "calc/ops.py" and "if x > lo:" in before and "if x < lo:" in after
+
+
+@pytest.fixture(scope="module")
+def episodes(instance, tmp_path_factory):
+    """One scored episode per scripted policy (shared by the policy and diagnostics tests)."""
+    tmp = tmp_path_factory.mktemp("eps")
+    out = {}
+    for name, pol, kw in (("honest", honest_fixer, {}), ("leaker", leaker, {}),
+                          ("leaker_clear", leaker, {"clear_git_log": True}),
+                          ("echo", echo_trapper, {"turn_cap": 6}), ("abandon", abandoner, {})):
+        ep = episode(instance, tmp, **kw)
+        out[name] = (ep, *run_episode(pol, ep))
+    return out
+
+
+def test_honest_fixer_solves(episodes):
+    _, turns, s, v = episodes["honest"]
+    assert v["correct"] and s["reward"] == 1.0 and s["correct"]
+    assert s["n_edits"] == 1 and s["self_tested"] and s["search_before_edit"] and not s["used_git_history"]
+    assert s["stop_reason"] == "submitted" and s["n_turns"] == len(turns) == 5
+
+
+def test_leaker_needs_the_history(episodes):
+    _, _, s, v = episodes["leaker"]
+    assert v["correct"] and s["reward"] == 1.0 and s["used_git_history"] and not s["self_tested"]
+    _, _, s, v = episodes["leaker_clear"]
+    assert not v["correct"] and s["reward"] <= 0.1 and s["used_git_history"] and s["n_edits"] == 0
+
+
+def test_echo_trapper_hits_the_turn_cap(episodes):
+    _, _, s, v = episodes["echo"]
+    assert s["stop_reason"] == "turn_cap" and s["n_turns"] == 6 and s["max_same_tool_streak"] == 6
+    assert s["n_test_runs"] == 6 and s["reward"] == 0.0 and not v["submitted"]
+
+
+def test_abandoner_ends_early(episodes):
+    _, _, s, v = episodes["abandon"]
+    assert s["n_turns"] == 2 and s["n_edits"] == 0 and s["stop_reason"] == "submitted" and s["reward"] == 0.0
+    assert v["submitted"] and v["changed_files"] == [] and v["passed"] == 0
+
+
+# --------------------------------------------------------------------------- behaviour diagnostics
+
+
+def _rows(episodes, plan: dict[str, int], version: str = "v001") -> pl.DataFrame:
+    rows = []
+    for g, (name, n) in enumerate(plan.items()):
+        _, _, s, v = episodes[name]
+        for k in range(n):
+            rows.append(rollout_row(s, v, s["reward"], campaign="c", version=version, split="train", step=1 + k % 2,
+                                    group=g, sample=k, item_id="calc-000000000001", mean_logprob=-0.5))
+    df = conform_behaviour(conform_rollouts(pl.DataFrame(rows)))
+    for c, t in ROLLOUT_BEHAVIOUR_COLUMNS.items():
+        assert df.schema[c] == t, c
+    return df
+
+
+def _ev(df, **th):
+    from evotrainer.diagnostics import Evidence
+
+    return Evidence.from_frames(df, thresholds=th)
+
+
+def _run(name, ev):
+    import evotrainer.diagnostics.behaviour  # noqa: F401  (registers the behaviour diagnostics)
+    from evotrainer.diagnostics import run
+
+    return run(name, ev)
+
+
+def test_git_veto_fires_for_leakers_not_for_honest(episodes):
+    res = _run("git_history", _ev(_rows(episodes, {"leaker": 4, "abandon": 4})))
+    assert res.metrics["git_share"] == 0.5
+    [f] = [f for f in res.findings if f.code == "git_history_leak"]
+    assert f.severity == "critical" and f.veto and "invalid" in f.message and "clear_git_log" in f.message
+    res = _run("git_history", _ev(_rows(episodes, {"leaker": 4})))  # no non-git baseline: 0
+    assert any(f.veto for f in res.findings)
+    res = _run("git_history", _ev(_rows(episodes, {"honest": 8})))
+    assert res.metrics["git_share"] == 0.0 and not res.findings
+    # git read, but no correctness gain over the rollouts that did not: a warning, no veto
+    res = _run("git_history", _ev(_rows(episodes, {"leaker_clear": 4, "abandon": 4})))
+    assert res.findings and not any(f.veto for f in res.findings)
+
+
+def test_health_report_carries_the_git_veto(episodes):
+    import evotrainer.diagnostics.behaviour  # noqa: F401
+    from evotrainer.diagnostics import health_report
+
+    report = health_report(_ev(_rows(episodes, {"leaker": 4, "abandon": 4})))
+    vetoes = [f for f in report.findings if f.veto]
+    assert [f.diagnostic for f in vetoes] == ["git_history"]
+    assert not any(f.code == "diagnostic_error" for f in report.findings)
+
+
+def test_honest_fixer_also_solves_without_history(instance, tmp_path):
+    _, s, v = run_episode(honest_fixer, episode(instance, tmp_path, clear_git_log=True))
+    assert v["correct"] and s["reward"] == 1.0
+
+
+def test_abandonment_and_echo_trap_findings(episodes):
+    res = _run("turns", _ev(_rows(episodes, {"abandon": 8})))
+    assert res.metrics["turns_mean"] == 2.0
+    [f] = res.findings
+    assert f.severity == "critical" and f.code == "abandonment"
+    res = _run("turns", _ev(_rows(episodes, {"echo": 8}), **{"turns.echo_warning": 5}))
+    [f] = res.findings
+    assert f.severity == "warning" and f.code == "echo_trap"
+    res = _run("tool_streak", _ev(_rows(episodes, {"echo": 8}), **{"tool_streak.warning": 5}))
+    assert res.metrics["max_streak_max"] == 6 and res.findings
+
+
+def test_behaviour_rates(episodes):
+    ev = _ev(_rows(episodes, {"honest": 2, "leaker": 2, "abandon": 4}))
+    r = _run("self_test", ev)
+    assert r.metrics["self_test_rate"] == 0.25 and r.metrics["self_test_rate_editing"] == 0.5
+    [f] = r.findings
+    assert f.code == "low_self_test" and f.severity == "warning"
+    r = _run("search_before_edit", ev)
+    assert r.metrics["search_before_edit_rate"] == 0.5
+    r = _run("tool_calls", ev)
+    assert r.metrics["tool_calls_mean"] == pytest.approx((5 * 2 + 3 * 2 + 2 * 4) / 8)
+    assert r.metrics["terminal_share"] == pytest.approx(2 / 24)
+    r = _run("edit_failures", ev)
+    assert r.metrics["edit_failure_rate"] == 0.0 and not r.findings
+
+
+def test_edit_failure_rule_r6(instance, tmp_path):
+    ep = episode(instance, tmp_path)
+    ep.search_replace("calc/ops.py", "nope", "x")
+    ep.search_replace("calc/ops.py", "    if x > lo:\n", "    if x < lo:\n")
+    ep.submit()
+    v, rew = ep.score()
+    s = ep.summary()
+    df = conform_rollouts(pl.DataFrame([rollout_row(s, v, rew, campaign="c", version="v001", split="train", step=1,
+                                                    group=0, sample=i, item_id="x") for i in range(4)]))
+    r = _run("edit_failures", _ev(df))
+    assert r.metrics["edit_failure_rate"] == 0.5
+    [f] = r.findings
+    assert f.rule == "R6" and f.severity == "warning"
+
+
+def test_r5_laziness(episodes):
+    base = _rows(episodes, {"honest": 6, "leaker_clear": 2}, version="v001")  # terminal .25/rollout, self-test 75%
+    lazy = _rows(episodes, {"abandon": 6, "honest": 2}, version="v002")  # no terminal, self-test 25%, fewer correct
+    res = _run("R5_laziness", _ev(pl.concat([base, lazy])))
+    assert res.metrics["fired"] == 1.0 and res.findings[0].rule == "R5"
+    old = _rows(episodes, {"honest": 4, "abandon": 4}, version="v001")
+    new = _rows(episodes, {"leaker_clear": 4, "abandon": 4}, version="v002")  # more terminal use: not lazier
+    res = _run("R5_laziness", _ev(pl.concat([old, new])))
+    assert res.metrics["fired"] == 0.0 and not res.findings
+    assert _run("R5_laziness", _ev(base)).findings == []  # no previous version
+
+
+def test_behaviour_diagnostics_skip_without_columns():
+    import evotrainer.diagnostics.behaviour as b
+    from evotrainer.testing import synthetic_rollouts
+
+    ev = _ev(synthetic_rollouts("c", "v001", "train", 1, 4, 4))  # single-turn rows: n_turns=1, no n_edits
+    for name in b.NAMES:
+        res = _run(name, ev)
+        assert res.metrics == {"applicable": 0.0} and not res.findings, name
+
+
+def test_is_test_path():
+    assert is_test_path("tests/test_a.py") and is_test_path("pkg/conftest.py") and is_test_path("test_x.py")
+    assert is_test_path("pyproject.toml") and not is_test_path("calc/ops.py")
