@@ -524,13 +524,17 @@ class Store:
 
     # ---- crash recovery and repair
 
-    def abandon_steps_after(self, version: str, after_step: int, reason: str) -> tuple[list[int], str]:
-        """Move every partition of `version` with step > after_step to abandoned/attempt-N/.
+    def abandon_steps_after(self, version: str, after_step: int, reason: str,
+                            also_val_steps: Sequence[int] = ()) -> tuple[list[int], str]:
+        """Move every partition of `version` with step > after_step (and the val partitions of
+        `also_val_steps`) to one abandoned/attempt-N/ folder.
 
-        Used when a crashed attempt wrote steps past its last resumable checkpoint: the resumed
-        run will produce those steps again. The files are moved (evidence of the crash is kept),
-        never rewritten; the caller records a StepsAbandoned event.
+        Used when a crashed attempt wrote steps past its last resumable checkpoint, or a val file
+        its EvalCompleted event never acknowledged: the resumed run produces them again. The files
+        are moved (evidence of the crash is kept), never rewritten; the caller records a
+        StepsAbandoned event.
         """
+        stray_val = set(also_val_steps)
         vdir = self.version_dir(version)
         moved_steps: set[int] = set()
         n = 1
@@ -540,9 +544,10 @@ class Store:
         for table in ("rollouts", "turns", "metrics"):
             for f in self.partition_files(table, version, None):
                 s = _step_of(f)
-                if s is not None and s > after_step:
-                    rel = f.relative_to(vdir)
-                    dest = dest_root / rel
+                if s is None:
+                    continue
+                if s > after_step or (table == "rollouts" and f.parent.name == "split=val" and s in stray_val):
+                    dest = dest_root / f.relative_to(vdir)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(f, dest)
                     moved_steps.add(s)

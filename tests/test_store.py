@@ -190,3 +190,15 @@ def test_store_files_are_readable_by_others(store):
     path, _ = _append(store, step=1)
     assert path.stat().st_mode & 0o044 == 0o044
     assert (store.root / "campaign.json").stat().st_mode & 0o044 == 0o044
+
+
+def test_abandon_moves_unacknowledged_val_into_the_same_attempt(store):
+    for step in (1, 2):
+        _append(store, step=step)
+    _append(store, split="val", step=1)
+    moved, where = store.abandon_steps_after("v000", 1, "resume", also_val_steps=[1])
+    assert moved == [1, 2]
+    assert store.steps("v000") == [1] and store.steps("v000", "val") == []
+    attempts = list((store.version_dir("v000") / "abandoned").iterdir())
+    assert [a.name for a in attempts] == ["attempt-1"] and where.endswith("attempt-1")
+    assert len(list(attempts[0].rglob("*.parquet"))) == 2

@@ -5,7 +5,7 @@ components (and backtests) can be re-computed offline from it without re-running
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -45,6 +45,18 @@ def split_by_hash(item_id: str, modulus: int = 10) -> str:
     generator's train and held-out sets can never overlap whatever the seeds and sizes."""
     digest = item_id.split("-", 1)[-1]
     return "val" if int(digest, 16) % modulus == 0 else "train"
+
+
+def distinct_in_split(items: Iterable[Item], split: str, split_of: Callable[[str], str]) -> tuple[Item, ...]:
+    """The first occurrence of each item id that `split_of` assigns to `split`, in input order."""
+    seen: set[str] = set()
+    out: list[Item] = []
+    for it in items:
+        if it.item_id in seen or split_of(it.item_id) != split:
+            continue
+        seen.add(it.item_id)
+        out.append(it)
+    return tuple(out)
 
 
 def check_tiers(tiers: Sequence[int], valid: Sequence[int], domain: str) -> tuple[int, ...]:

@@ -67,29 +67,13 @@ def recover(store: Store, version: str, log) -> int:
     # Val partitions never acknowledged by an EvalCompleted event (a crash between the file and the
     # event) are moved aside together with every partition past the checkpoint.
     stray_val = [s for s in store.steps(version, "val") if s not in acknowledged_evals and s <= step]
-    moved, where = store.abandon_steps_after(version, step, f"resumed from checkpoint at step {step}")
-    if stray_val:
-        moved_val, where = _abandon_val_steps(store, version, stray_val)
-        moved = sorted(set(moved) | set(moved_val))
+    moved, where = store.abandon_steps_after(version, step, f"resumed from checkpoint at step {step}",
+                                             also_val_steps=stray_val)
     if moved:
         store.ledger.append(StepsAbandoned(version=version, after_step=step, steps=tuple(moved), moved_to=where,
                                            actor="trainer", reason="written after the last complete checkpoint"))
         log(f"{version}: moved steps {moved} of the interrupted attempt to {where}")
     return step
-
-
-def _abandon_val_steps(store: Store, version: str, steps: list[int]) -> tuple[list[int], str]:
-    vdir = store.version_dir(version)
-    n = 1
-    while (vdir / "abandoned" / f"attempt-{n}").exists():
-        n += 1
-    dest_root = vdir / "abandoned" / f"attempt-{n}"
-    for f in store.partition_files("rollouts", version, "val"):
-        if int(f.stem.split("=")[1]) in steps:
-            dest = dest_root / f.relative_to(vdir)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(f, dest)
-    return steps, str(dest_root.relative_to(store.root))
 
 
 def grpo_config(spec: VersionSpec, output_dir: Path, save_checkpoints: bool = True):

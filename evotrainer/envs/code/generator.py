@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
 
-from evotrainer.envs.base import Item, split_by_hash
+from evotrainer.envs.base import Item, distinct_in_split, split_by_hash
 from evotrainer.envs.base import check_tiers as _check_tiers
 
 Split = Literal["train", "val"]
@@ -343,18 +343,14 @@ def _item_of(spec: Spec) -> Item:
 @cache
 def _pool(tier: int, split: Split) -> tuple[Item, ...]:
     """All distinct items of one tier that fall in `split` (canonical order)."""
-    seen: set[str] = set()
-    out: list[Item] = []
-    for template in _TEMPLATES:
-        for spec in template():
-            if spec.tier != tier:
-                break  # a template's specs share one tier
-            it = _item_of(spec)
-            if it.item_id in seen or split_of(it.item_id) != split:
-                continue
-            seen.add(it.item_id)
-            out.append(it)
-    return tuple(out)
+    def tier_items():
+        for template in _TEMPLATES:
+            for spec in template():
+                if spec.tier != tier:
+                    break  # a template's specs share one tier
+                yield _item_of(spec)
+
+    return distinct_in_split(tier_items(), split, split_of)
 
 
 def check_tiers(tiers: Sequence[int]) -> tuple[int, ...]:

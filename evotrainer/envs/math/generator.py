@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
 from typing import Literal
 
-from evotrainer.envs.base import Item, split_by_hash
+from evotrainer.envs.base import Item, distinct_in_split, split_by_hash
 from evotrainer.envs.base import check_tiers as _check_tiers
 
 Split = Literal["train", "val"]
@@ -207,15 +207,7 @@ _ENUMERATED: dict[int, Callable[[], Iterable[Problem]]] = {0: _tier0, 1: _tier1,
 @cache
 def _pool(tier: int, split: Split) -> tuple[Item, ...]:
     """All distinct items of an enumerated tier that fall in `split` (canonical order)."""
-    seen: set[str] = set()
-    out: list[Item] = []
-    for prob in _ENUMERATED[tier]():
-        it = _item(tier, prob)
-        if it.item_id in seen or split_of(it.item_id) != split:
-            continue
-        seen.add(it.item_id)
-        out.append(it)
-    return tuple(out)
+    return distinct_in_split((_item(tier, prob) for prob in _ENUMERATED[tier]()), split, split_of)
 
 
 def check_tiers(tiers: Sequence[int]) -> tuple[int, ...]:
