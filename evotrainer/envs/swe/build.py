@@ -422,9 +422,7 @@ def build_from_source(src_dir: Path, project: str, version: str, cache_root: Pat
         log(f"  [{project}] {len(sources)} modules, {len(tests)} test files, {len(groups)} test groups, "
             f"{len(cands)} mutation sites")
 
-        def evaluate(i: int, cand: tuple[str, int, Site]):
-            m, idx, _ = cand
-            got = mutate_source(originals[m], m, idx)
+        def evaluate(i: int, m: str, got: tuple[bytes, Site] | None):
             if got is None:
                 return None
             mutant, site = got
@@ -446,7 +444,11 @@ def build_from_source(src_dir: Path, project: str, version: str, cache_root: Pat
                 chunk = [(c, (pos + j)) for j, c in enumerate(cands[pos:pos + batch])]
                 # skip functions already used twice before spending a test run on them
                 chunk = [(c, j) for c, j in chunk if per_func.get((c[0], c[2].func), 0) < 2]
-                futs = [pool.submit(evaluate, j, c) for c, j in chunk]
+                # Mutants are made here, not in the pool: CPython 3.11's AST constructor keeps
+                # its recursion counter in shared state, so concurrent ast.parse can raise
+                # "AST constructor recursion depth mismatch". Only the test runs go parallel.
+                futs = [pool.submit(evaluate, j, c[0], mutate_source(originals[c[0]], c[0], c[1]))
+                        for c, j in chunk]
                 pos += batch
                 for (c, _), fut in zip(chunk, futs):
                     res = fut.result()
