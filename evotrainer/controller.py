@@ -73,7 +73,14 @@ def open_or_create(campaign_dir: Path, config: RunConfig | None, preset: str | N
 
 def validate_config(config: RunConfig) -> None:
     """Checks that need more than the schema: the policy exists, the data can supply the items."""
-    policy.check(config.policy, paths.models_dir())
+    from .envs.swe.scripted import is_scripted, policy_name
+
+    if is_scripted(config.policy):
+        policy_name(config.policy)  # raises on an unknown name
+        if config.data.domain != "swe":
+            raise ConfigError(f"policy {config.policy!r} is a scripted SWE policy; set data.domain = \"swe\"")
+    else:
+        policy.check(config.policy, paths.models_dir())
     for name in (n for n in (config.data.train_jsonl, config.data.val_jsonl) if n):
         if not Path(name).is_file():
             raise ConfigError(f"data file {name} does not exist; fix data.train_jsonl / data.val_jsonl")
@@ -116,7 +123,11 @@ def train_version(store: Store, version: str, log: Log = print, extra_env: dict 
     env.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.update(extra_env or {})
-    cmd = [sys.executable, "-m", "evotrainer.train", str(store.version_dir(version))]
+    from .envs.swe.scripted import is_scripted
+
+    # A scripted SWE policy has nothing to learn: its own (torch-free) process writes the same evidence.
+    module = "evotrainer.envs.swe.scripted" if is_scripted(store.read_version(version).policy) else "evotrainer.train"
+    cmd = [sys.executable, "-m", module, str(store.version_dir(version))]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         preexec_fn=_die_with_parent, bufsize=1,
@@ -243,7 +254,7 @@ def _choose_intervention(store: Store, index: int, agent, log: Log) -> str | Non
     gates = store.campaign.gates
     if lp.selected:
         return lp.selected
-    parent = state.best(before=name)
+    parent = state.branch_point(before=name)
     if parent is None:
         raise EvoTrainerError(f"no promoted version to branch {name} from; the first version must be judged first")
     if "diagnosis" in gates and "diagnosis" not in lp.gates_answered:
@@ -458,9 +469,9 @@ def answer_gate(store: Store, answer: str, *, who: str, reason: str, interventio
         if gate in ("design", "backtest", "diagnosis"):
             if intervention is None:
                 raise EvoTrainerError(f"REVISE at the {gate} gate needs your intervention (--intervention FILE)")
-            parent = state.best(before=version)
+            parent = state.branch_point(before=version)
             if intervention.parent != parent:
-                raise EvoTrainerError(f"the revised intervention must change {parent} (the best version), "
+                raise EvoTrainerError(f"the revised intervention must change {parent} (the version it branches from), "
                                       f"not {intervention.parent}")
             interventions.apply(intervention, store.read_version(parent).harness, store.read_version(parent).train)
             store.write_intervention(intervention)

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from .config import one_line
 from .errors import EvoTrainerError
 from .harness import rewards as reward_mod
-from .schema import (DataChange, DiagnosticChange, EnvChange, FilterChange, HarnessSpec, HparamChange,
+from .schema import (DataChange, DiagnosticChange, EnvChange, FilterChange, HarnessSpec, HparamChange, SweEnvSpec,
                      Intervention, ProcedureChange, RewardChange, RewardComponentSpec, TrainConfig)
 
 
@@ -111,8 +111,10 @@ def apply(iv: Intervention, harness: HarnessSpec, train: TrainConfig) -> tuple[H
             if not isinstance(ch.value, str) or not ch.value.strip():
                 raise InterventionError("env change system_prompt needs a non-empty string")
             h = h.model_copy(update={"system_prompt": ch.value})
+        elif ch.name in SWE_ENV_SETTINGS:
+            h = h.model_copy(update={"swe": _swe_env_change(h.swe, ch)})
         else:
-            if not isinstance(ch.value, int) or not 1 <= ch.value <= 8192:
+            if not isinstance(ch.value, int) or isinstance(ch.value, bool) or not 1 <= ch.value <= 8192:
                 raise InterventionError(f"env change max_completion_length must be an integer in 1..8192 (got {ch.value!r})")
             if ch.value == t.max_completion_length:
                 raise InterventionError("env change sets max_completion_length to its current value; it changes nothing")
@@ -130,6 +132,22 @@ def apply(iv: Intervention, harness: HarnessSpec, train: TrainConfig) -> tuple[H
     except ValidationError as exc:
         raise InterventionError(f"intervention {iv.intervention_id} yields an invalid harness: {one_line(exc)}") from exc
     return h, t
+
+
+SWE_ENV_SETTINGS = ("clear_git_log", "turn_cap", "token_budget")
+
+
+def _swe_env_change(env: SweEnvSpec, ch: EnvChange) -> SweEnvSpec:
+    want_bool = ch.name == "clear_git_log"
+    if want_bool != isinstance(ch.value, bool) or (not want_bool and not isinstance(ch.value, int)):
+        kind = "true or false" if want_bool else "an integer"
+        raise InterventionError(f"env change {ch.name} needs {kind} (got {ch.value!r})")
+    if getattr(env, ch.name) == ch.value:
+        raise InterventionError(f"env change sets {ch.name} to its current value {ch.value!r}; it changes nothing")
+    try:
+        return SweEnvSpec.model_validate({**env.model_dump(), ch.name: ch.value})
+    except ValidationError as exc:
+        raise InterventionError(f"env change {ch.name}={ch.value!r} is out of range: {one_line(exc)}") from exc
 
 
 def _reward_change(current: tuple[RewardComponentSpec, ...], ch: RewardChange) -> tuple[RewardComponentSpec, ...]:

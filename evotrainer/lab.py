@@ -257,6 +257,6 @@ class Lab:
 
     def intervention(self, **fields) -> Intervention:
         """Write your own intervention (validated; `parent` defaults to the best version)."""
-        fields.setdefault("parent", self.loop_state().best() or self.store.versions()[-1])
+        fields.setdefault("parent", self.loop_state().branch_point() or self.store.versions()[-1])
         fields.setdefault("author", getpass.getuser())
         return interventions.new(**fields)

@@ -58,6 +58,17 @@ class LoopState:
                 best = name
         return best
 
+    def branch_point(self, before: str | None = None) -> str | None:
+        """Where the next version branches from: the best version; while none is promoted because the
+        FIRST version was vetoed (e.g. its score came through the git leak), that first version, so
+        the fix of its harness can be tried. (A vetoed version is never a gate baseline.)"""
+        best = self.best(before)
+        if best is None and self.versions:
+            first = min(self.versions)
+            if self.versions[first].outcome == "vetoed" and (before is None or first < before):
+                return first
+        return best
+
     def consecutive_failures(self) -> int:
         n = 0
         for name in sorted(self.versions, reverse=True):

@@ -57,6 +57,11 @@ def is_fetched(model_dir: str | Path) -> bool:
 
 def check(spec: str, models_dir: Path) -> None:
     """Raise ModelNotFoundError (one line, with the fix) when `spec` cannot be trained."""
+    from .envs.swe.scripted import is_scripted, policy_name
+
+    if is_scripted(spec or ""):
+        policy_name(spec)  # a scripted SWE policy has no weights; its name must exist
+        return
     resolve(spec, models_dir)
 
 

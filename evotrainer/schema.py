@@ -79,6 +79,21 @@ class DataSelectionSpec(Frozen):
     subsample: int | None = Field(None, gt=0)
 
 
+class SweEnvSpec(Frozen):
+    """The SWE environment's settings (envs/swe/env.py SweEpisode); ignored by other domains."""
+
+    # False reproduces the paper's leak: the task repo's history holds the original (fixed) code.
+    clear_git_log: bool = False
+    turn_cap: int = Field(30, ge=1, le=1000)
+    token_budget: int = Field(16000, ge=64, le=1_000_000)
+    # (fail, partial, full): the environment's own tiered reward, stored in the verifier as `reward`
+    reward_tiers: tuple[float, float, float] = (0.0, 0.1, 1.0)
+    partial_needs_change: bool = True
+    # Tokens per model message in a multi-turn rollout of an LLM policy (the whole rollout is
+    # bounded by TrainConfig.max_completion_length, tool outputs included).
+    max_tokens_per_turn: int = Field(96, ge=8, le=8192)
+
+
 class HarnessSpec(Frozen):
     """Everything about how rollouts become a training signal. Versions differ by this."""
 
@@ -92,6 +107,7 @@ class HarnessSpec(Frozen):
     group_filter: GroupFilterSpec = GroupFilterSpec()
     trajectory_filter: TrajectoryFilterSpec = TrajectoryFilterSpec()
     data_selection: DataSelectionSpec = DataSelectionSpec()
+    swe: SweEnvSpec = SweEnvSpec()
     # The trainer's analysis procedure (an intervention may change it).
     analysis_order: Literal["score_first", "behaviour_first", "signal_first"] = "score_first"
 
@@ -109,7 +125,7 @@ class HarnessSpec(Frozen):
 
 
 class DataSpec(Frozen):
-    domain: Literal["math", "code"] = "math"
+    domain: Literal["math", "code", "swe"] = "math"
     tiers: tuple[int, ...] = (0,)
     n_train: int = Field(64, gt=0)
     n_val: int = Field(16, gt=0)
@@ -117,6 +133,8 @@ class DataSpec(Frozen):
     # Optional external JSONL sets (question/answer, GSM8K style) instead of generated items.
     train_jsonl: str | None = None
     val_jsonl: str | None = None
+    # SWE: the built instances (`evotrainer swe build`); None = <data dir>/swe
+    swe_dir: str | None = None
 
 
 class LoRASpec(Frozen):
@@ -338,8 +356,8 @@ class HparamChange(Frozen):
 
 class EnvChange(Frozen):
     factor: Literal["env"] = "env"
-    name: Literal["system_prompt", "max_completion_length"]
-    value: str | int
+    name: Literal["system_prompt", "max_completion_length", "clear_git_log", "turn_cap", "token_budget"]
+    value: bool | int | str
 
 
 class DiagnosticChange(Frozen):

@@ -53,6 +53,17 @@ class PlaybookAgent:
         ideas: list[_Idea] = []
         names = [c.name for c in harness.rewards]
 
+        # Validity first: a score read out of the git history says nothing about the policy.
+        leak = _find(findings, "git_history_leak")
+        if leak is not None and not harness.swe.clear_git_log:
+            ideas.append(_Idea(
+                {"factor": "env", "name": "clear_git_log", "value": True},
+                "we give each task repo a single commit of the buggy state (clear_git_log)",
+                "correctness falls to what the policy can find without the history, and Git% stops paying",
+                "rollouts that ran git log/show were correct far more often: the fix was copied from the history",
+                "avg_at_k", ">=", 0.0, "restore the repository history (clear_git_log = false)",
+                (leak.finding_id,)))
+
         hacking = _find(findings, "R4", "reward_hacking")
         if hacking is not None:
             shaped = [c for c in harness.rewards if c.name not in ("correctness", "correctness_tiers")]

@@ -68,6 +68,7 @@ VERIFIER_FIELDS: dict[str, pl.DataType] = {
     "passed": pl.Float64(),
     "total": pl.Float64(),
     "judge": pl.Float64(),
+    "reward": pl.Float64(),
 }
 
 
@@ -347,6 +348,14 @@ def judge(frame: pl.DataFrame, params: Mapping[str, float], ctx: RewardContext) 
     judge did not score the rollout. The judge itself runs elsewhere and writes the field."""
     view = ctx.verifier(frame, {"judge": VERIFIER_FIELDS["judge"]})
     return view.get("judge").clip(0.0, 1.0)
+
+
+@register("env_reward", requires=("reward",))
+def env_reward(frame: pl.DataFrame, params: Mapping[str, float], ctx: RewardContext) -> pl.Series:
+    """The environment's own reward as its verifier recorded it (SWE: the tiers of SweEnvSpec.reward_tiers,
+    0 / 0.1 / 1.0 by default, from the hidden tests)."""
+    view = ctx.verifier(frame, {"reward": VERIFIER_FIELDS["reward"]})
+    return view.require("reward", "env_reward")
 
 
 # --------------------------------------------------------------------------- composer
