@@ -93,7 +93,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
         state = derive(store.ledger.events(), store.campaign.name)
         waiting = [v for v, lp in sorted(state.versions.items()) if lp.gates_opened - set(lp.gates_answered)]
-        parent = state.best(before=waiting[-1]) if waiting else state.best()
+        parent = state.branch_point(before=waiting[-1]) if waiting else state.branch_point()
         iv = interventions.load(args.intervention, **({"parent": parent} if parent else {}),
                                 **({"author": args.who} if args.who else {}))
     ev = answer_gate(store, args.answer, who=args.who or getpass.getuser(), reason=args.reason or "",
@@ -215,6 +215,87 @@ def _cmd_lab(args: argparse.Namespace) -> int:
         return proc.wait()
 
 
+def _swe_root(arg: str | None) -> Path:
+    return Path(arg).expanduser() if arg else paths.data_dir() / "swe"
+
+
+def _cmd_swe_build(args: argparse.Namespace) -> int:
+    import time
+
+    from .envs.swe import build as swe_build
+
+    out = _swe_root(args.out)
+    projects = (list(swe_build.DEFAULT_PROJECTS) if args.projects is None
+                else [p.strip() for p in args.projects.split(",") if p.strip()])
+    if not projects:
+        raise EvoTrainerError("--projects is empty; give comma-separated name==version pins, e.g. "
+                              f"{','.join(swe_build.DEFAULT_PROJECTS)}")
+    unpinned = [p for p in projects if not p.partition("==")[0] or not p.partition("==")[2]]
+    if unpinned:
+        raise EvoTrainerError(f"--projects: pin each project as name==version (got {', '.join(map(repr, unpinned))})")
+    if args.n < 1:
+        raise EvoTrainerError(f"--n must be at least 1 (got {args.n})")
+    if out.exists() and not out.is_dir():
+        raise EvoTrainerError(f"--out {out} is a file; give a folder for the instances")
+    t = time.monotonic()
+    insts = swe_build.build_instances(out, projects, args.n, args.seed)
+    if not insts:
+        raise EvoTrainerError(f"no instances were built under {out}: every project failed to download or yielded "
+                              "no mutants (see the lines above); check the network and --projects")
+    per: dict[str, int] = {}
+    for i in insts:
+        per[i.project] = per.get(i.project, 0) + 1
+    print(f"built {len(insts)} instances in {time.monotonic() - t:.1f}s under {out / 'instances'}: "
+          + ", ".join(f"{k} {v}" for k, v in per.items()))
+    if len(insts) < args.n:
+        print(f"  note: {args.n} were asked for; the projects ran out of usable mutants")
+    if args.check:
+        bad = [i.instance_id for i in insts if not swe_build.honest_fix_check(i, out)]
+        print(f"honest fixer (gold patch): {len(insts) - len(bad)}/{len(insts)} solved"
+              + (f"; failed: {', '.join(bad)}" if bad else ""))
+        return 1 if bad else 0
+    return 0
+
+
+def _cmd_swe_list(args: argparse.Namespace) -> int:
+    from .envs.swe.build import load_all
+    from .envs.swe.instance import load_instance
+
+    root = _swe_root(args.dir)
+    if not root.is_dir():
+        raise EvoTrainerError(f"no SWE instances at {root} (no such folder); build them with "
+                              f"`evotrainer swe build --out {root}`")
+    try:
+        insts = load_all(root)
+    except (ValueError, OSError) as exc:  # pydantic's ValidationError and json errors are ValueErrors
+        bad, why = root / "instances", exc
+        for d in sorted((root / "instances").iterdir()):
+            if (d / "instance.json").exists():
+                try:
+                    load_instance(d)
+                except (ValueError, OSError) as e:
+                    bad, why = d, e
+                    break
+        first = (str(why).strip().splitlines() or [""])[0]
+        raise EvoTrainerError(f"{bad}: unreadable SWE instance ({type(why).__name__}: {first}); delete that folder "
+                              f"or rebuild with `evotrainer swe build --out {root}`") from exc
+    if not insts:
+        print(f"no SWE instances under {root}; build them with `evotrainer swe build --out {root}`")
+        return 0
+    w_id = max(len("id"), *(len(i.instance_id) for i in insts))
+    w_proj = max(len("project"), *(len(f"{i.project} {i.version}") for i in insts))
+    w_file = max(len("mutated file"), *(len(i.mutated_file) for i in insts))
+    print(f"{'id':{w_id}}  {'project':{w_proj}}  {'mutated file':{w_file}}  {'f2p':>4}  {'p2p':>4}")
+    for i in insts:
+        print(f"{i.instance_id:{w_id}}  {i.project + ' ' + i.version:{w_proj}}  {i.mutated_file:{w_file}}  "
+              f"{len(i.fail_to_pass):>4}  {len(i.pass_to_pass):>4}")
+    per: dict[str, int] = {}
+    for i in insts:
+        per[i.project] = per.get(i.project, 0) + 1
+    print(f"{len(insts)} instance(s) under {root}: " + ", ".join(f"{k} {v}" for k, v in per.items()))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evotrainer", description="EvoTrainer: co-evolving LLM policies and training harnesses")
     sub = p.add_subparsers(dest="command", required=True)
@@ -279,6 +360,21 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("dir")
     doc.add_argument("--quarantine", action="store_true")
     doc.set_defaults(func=_cmd_doctor)
+
+    swe = sub.add_parser("swe", help="SWE instances: real PyPI projects with injected bugs")
+    ssub = swe.add_subparsers(dest="swe_command", required=True)
+    sb = ssub.add_parser("build", help="download pinned sdists, inject AST-mutation bugs, keep those tests catch")
+    sb.add_argument("--out", default=None, help="instance cache folder (default: <data dir>/swe)")
+    sb.add_argument("--n", type=int, default=30, help="how many instances, spread over the projects (default: 30)")
+    sb.add_argument("--seed", type=int, default=0, help="mutation order seed (default: 0)")
+    sb.add_argument("--projects", default=None,
+                    help="comma-separated name==version pins (default: inflection, toolz, more-itertools)")
+    sb.add_argument("--check", action="store_true",
+                    help="then apply every gold patch and run its hidden tests (exit 1 if one fails)")
+    sb.set_defaults(func=_cmd_swe_build)
+    sl = ssub.add_parser("list", help="the built instances: id, project, mutated file, #fail-to-pass, #pass-to-pass")
+    sl.add_argument("dir", nargs="?", default=None, help="instance cache folder (default: <data dir>/swe)")
+    sl.set_defaults(func=_cmd_swe_list)
 
     lab = sub.add_parser("lab", help="open the notebooks in JupyterLab (on 127.0.0.1 only)")
     lab.add_argument("--port", type=int, default=8888, help="port to serve on (default: 8888)")

@@ -18,8 +18,20 @@ from pydantic import ValidationError
 from .config import one_line
 from .errors import EvoTrainerError
 from .harness import rewards as reward_mod
-from .schema import (DataChange, DiagnosticChange, EnvChange, FilterChange, HarnessSpec, HparamChange, SweEnvSpec,
-                     Intervention, ProcedureChange, RewardChange, RewardComponentSpec, TrainConfig)
+from .schema import (
+    DataChange,
+    DiagnosticChange,
+    EnvChange,
+    FilterChange,
+    HarnessSpec,
+    HparamChange,
+    Intervention,
+    ProcedureChange,
+    RewardChange,
+    RewardComponentSpec,
+    SweEnvSpec,
+    TrainConfig,
+)
 
 
 class InterventionError(EvoTrainerError):

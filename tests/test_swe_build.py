@@ -211,6 +211,26 @@ def test_real_pypi_build(tmp_path):
     assert len(insts) >= 30 and len(per) >= 3 and min(per.values()) >= 5
     for inst in insts:
         assert honest_fix_check(inst, tmp_path / "swe"), inst.instance_id
+    # the scripted honest fixer THROUGH THE TOOLS (search_replace of the gold hunks, hidden-test scoring)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evotrainer.envs.swe.env import SweEpisode
+    from evotrainer.envs.swe.policies import honest_fixer, run_episode
+
+    def through_tools(inst: SweInstance) -> tuple[str, dict, dict]:
+        ep = SweEpisode(inst, instance_dir(tmp_path / "swe", inst.instance_id), tmp_path / f"ep-{inst.instance_id}")
+        _, summary, verifier = run_episode(honest_fixer, ep)
+        return inst.instance_id, summary, verifier
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=2) as pool:  # SweEpisode uses no ast: threads are safe here
+        for iid, summary, verifier in pool.map(through_tools, insts):
+            if not (verifier["correct"] and summary["reward"] == 1.0):
+                why = {k: verifier.get(k) for k in ("status", "passed", "total", "p2p_passed", "p2p_total",
+                                                    "output_tail")}
+                failed.append(f"{iid}: edits {summary['n_edits']}, edit failures {summary['n_edit_failures']}, "
+                              f"reward {summary['reward']}, {why}")
+    assert not failed, "honest_fixer through the tools failed on:\n" + "\n".join(failed)
     # reproducible from the seed (sources are cached: no second download)
     again = build_instances(tmp_path / "swe", n=30, seed=0, log=print)  # sources cached: no download
     assert [i.model_dump() for i in again] == [i.model_dump() for i in insts]

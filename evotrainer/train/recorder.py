@@ -78,21 +78,25 @@ class BatchScorer:
         self._key: tuple | None = None
         self._scored: pl.DataFrame | None = None
 
-    def frame(self, completions, completion_ids, item_id) -> pl.DataFrame:
+    def frame(self, completions, completion_ids, item_id, verifiers=None) -> pl.DataFrame:
+        """`verifiers` (JSON strings): outcomes the environment already produced (multi-turn SWE episodes
+        scored by their hidden tests), used instead of the domain's verifier on the text."""
         texts = [completion_text(c) for c in completions]
+        if verifiers is None:
+            verifiers = [json.dumps(self.cache.get(i, t), sort_keys=True) for i, t in zip(item_id, texts)]
         return pl.DataFrame({
             "item_id": list(item_id),
             "completion": texts,
-            "verifier": [json.dumps(self.cache.get(i, t), sort_keys=True) for i, t in zip(item_id, texts)],
+            "verifier": list(verifiers),
             "n_completion_tokens": [len(ids) for ids in completion_ids],
             "truncated": [not (len(ids) > 0 and ids[-1] in self.eos) for ids in completion_ids],
         }, schema_overrides={"n_completion_tokens": pl.Int32})
 
-    def scored(self, completions, completion_ids, item_id) -> pl.DataFrame:
+    def scored(self, completions, completion_ids, item_id, verifiers=None) -> pl.DataFrame:
         key = (id(completions), len(completions))
         if key != self._key:
             self._scored = reward_mod.score_frame(self.harness.rewards, self.frame(completions, completion_ids,
-                                                                                  item_id), self.ctx)
+                                                                                  item_id, verifiers), self.ctx)
             self._key = key
         return self._scored
 
@@ -102,7 +106,7 @@ def reward_functions(scorer: BatchScorer) -> list[Callable]:
     funcs = []
     for spec in scorer.harness.rewards:
         def fn(prompts, completions, completion_ids, item_id, _name=spec.name, **kwargs):
-            col = scorer.scored(completions, completion_ids, item_id)[f"r.{_name}"]
+            col = scorer.scored(completions, completion_ids, item_id, kwargs.get("swe_verifier"))[f"r.{_name}"]
             return [None if v is None else float(v) for v in col.to_list()]
 
         fn.__name__ = spec.name
@@ -130,6 +134,7 @@ class RecordingGRPOTrainer(GRPOTrainer):
             raise ValueError("the recorder needs exactly one generation batch per optimizer step")
         self.store, self.version, self.cache, self.harness, self.log_line = store, version, cache, harness, log
         self._rows: list[dict] | None = None
+        self._turns: list[dict] = []  # SWE episodes' turns of the step in flight
         self._logp: torch.Tensor | None = None
         self._loss_rows: torch.Tensor | None = None
         self._stash: dict | None = None
@@ -154,6 +159,7 @@ class RecordingGRPOTrainer(GRPOTrainer):
         self._step_started = time.monotonic()
         out = super()._generate_and_score_completions(inputs)
         t0 = time.perf_counter()
+        self._turns = []
         self._rows = self._build_rows(out)
         self._apply_harness(out)
         self._logp = torch.full((len(self._rows),), float("nan"))
@@ -179,7 +185,8 @@ class RecordingGRPOTrainer(GRPOTrainer):
             ids = s["completion_ids"][i]
             ended = len(ids) > 0 and ids[-1] in eos
             text = completion_text(s["completions"][i])
-            verdict = self.cache.get(inp["item_id"], text)
+            episode = "swe_verifier" in inp  # a multi-turn SWE episode (train/swe_rollout.py)
+            verdict = json.loads(inp["swe_verifier"]) if episode else self.cache.get(inp["item_id"], text)
             g, k = divmod(i, G)
             p_ids = prompt_ids[i][prompt_mask[i]].tolist()
             row = {
@@ -197,6 +204,12 @@ class RecordingGRPOTrainer(GRPOTrainer):
             for j, name in enumerate(names):
                 v = float(rpf[i, j])
                 row[f"r.{name}"] = None if math.isnan(v) else v
+            if episode:
+                summary = json.loads(inp["swe_summary"])
+                row["stop_reason"] = summary.pop("stop_reason")
+                summary.pop("n_tokens", None)
+                row.update(summary)
+                self._turns += [{**t, "rollout_uid": row["rollout_uid"]} for t in json.loads(inp["swe_turns"])]
             rows.append(row)
         if any(rows[i]["item_id"] != rows[i - i % G]["item_id"] for i in range(n)):
             raise RuntimeError("recorder: a GRPO group's samples are not contiguous; TRL's sampler changed")
@@ -268,6 +281,14 @@ class RecordingGRPOTrainer(GRPOTrainer):
         df = pl.DataFrame(self._rows, infer_schema_length=None).with_columns(
             pl.Series("mean_logprob", self._logp.tolist(), dtype=pl.Float64)
         )
+        if self._turns:  # turns first: a step's rollouts on disk imply its turns are
+            self.store.append_turns(self.version, "train", step, pl.DataFrame(self._turns, infer_schema_length=None))
+            self._turns = []
+        if "n_edits" in df.columns:
+            from ..envs.swe.env import conform_behaviour
+            from ..evidence import conform_rollouts
+
+            df = conform_behaviour(conform_rollouts(df))
         self.store.append_rollouts(self.version, "train", step, df)
         self._pending = (step, len(self._rows), float(df["reward"].mean()),
                          float(df["correct"].cast(pl.Float64).mean()))

@@ -196,8 +196,14 @@ def _train_locked(store: Store, version: str, spec: VersionSpec, models_dir: Pat
         if resume_step and spec.harness.group_filter.kind == "std_ema":
             state = state_from_steps(spec.harness.group_filter,
                                      store.rollouts(version, "train", steps=(None, resume_step)).collect())
+        extra = {}
+        if spec.data.domain == "swe":
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
+            from .swe_rollout import SweRolloutFunc
+
+            extra["rollout_func"] = SweRolloutFunc(domain, spec, train_items)
         trainer = RecordingGRPOTrainer(
-            model=model, processing_class=tokenizer, reward_funcs=reward_functions(scorer),
+            model=model, processing_class=tokenizer, reward_funcs=reward_functions(scorer), **extra,
             args=grpo_config(spec, store.checkpoints_dir(version)), train_dataset=dataset,
             store=store, version=version, cache=cache, harness=spec.harness, scorer=scorer,
             filter_state=state, log=log,
@@ -227,6 +233,10 @@ def run_eval(store, version, spec, domain, items, model, tokenizer, step, log) -
     from .evaluate import sample_completions, val_rows
 
     t = spec.train
+    if spec.data.domain == "swe":
+        from .swe_rollout import run_swe_eval
+
+        return run_swe_eval(store, version, spec, domain, items, model, tokenizer, step, log)
     prompts = [tokenizer.apply_chat_template(domain.messages(i), tokenize=False, add_generation_prompt=True)
                for i in items]
     samples, n_prompt = sample_completions(

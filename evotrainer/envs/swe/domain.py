@@ -40,7 +40,11 @@ class SweDomain:
 
     def __init__(self, swe_dir: str | None = None, system_prompt: str | None = None):
         self.root = swe_root(swe_dir)
-        self.system_prompt = system_prompt or DEFAULT_SYSTEM_PROMPT
+        if system_prompt is None:
+            from .toolcalls import tools_prompt
+
+            system_prompt = DEFAULT_SYSTEM_PROMPT + "\n\n" + tools_prompt()
+        self.system_prompt = system_prompt
         self._instances: dict[str, SweInstance] | None = None
 
     def instances(self) -> dict[str, SweInstance]:
@@ -78,8 +82,11 @@ class SweDomain:
         return inst, instance_dir(self.root, inst.instance_id)
 
     def messages(self, item: Item) -> list[dict[str, str]]:
+        """System: the default prompt plus the tool protocol (envs/swe/toolcalls.py), or the harness's
+        own system_prompt verbatim (it then has to teach the protocol itself). User: "Task <instance id>"
+        (how a rollout finds its instance), then the problem statement."""
         return [{"role": "system", "content": self.system_prompt},
-                {"role": "user", "content": item.question}]
+                {"role": "user", "content": f"Task {item.item_id}\n\n{item.question}"}]
 
     def verify(self, item: Item, completion: str) -> dict[str, Any]:
         raise NotImplementedError("SWE rollouts are multi-turn episodes scored by SweEpisode.score(), "

@@ -9,6 +9,8 @@ one turn in the TURN_COLUMNS shape): list_dir, read_file, grep, search_replace (
 else ok=False: the "edit failure" the paper tracks), run_tests (the visible test command in the sandbox),
 run_in_terminal (a shell-less command line: argv[0] in TERMINAL_PROGRAMS, run in the sandbox; `git log
 -p` works there, so the history leak is real unless clear_git_log=True), submit.
+An LLM policy's text reaches these through toolcalls.py (one message -> one call; `record_call_message` and
+`record_invalid_call` record the message and a malformed call as a failed tool turn).
 
 The episode ends on submit, at `turn_cap` turns, or when the turns' tokens (~len/4) reach
 `token_budget`; later calls return ok=False and record nothing.
@@ -44,6 +46,7 @@ import json
 import math
 import os
 import re
+import reprlib
 import shlex
 import shutil
 import sys
@@ -65,6 +68,8 @@ _GIT_HISTORY_RE = re.compile(r"\bgit\s+(?:-\S+\s+)*(log|show)\b")
 _SEARCH_TOOLS = ("list_dir", "read_file", "grep")
 _TEST_CONFIGS = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "conftest.py"}
 _TEST_DIRS = {"tests", "test", "testing"}
+TOOL_NAMES = ("list_dir", "read_file", "grep", "search_replace", "run_tests", "run_in_terminal", "submit")
+INVALID_TOOL = "invalid"  # tool_name of a failed call that names no tool, or misuses a known one (toolcalls.py)
 
 ROLLOUT_BEHAVIOUR_COLUMNS: dict[str, pl.DataType] = {
     "n_edits": pl.Int32(), "n_edit_failures": pl.Int32(), "n_test_runs": pl.Int32(),
@@ -199,6 +204,36 @@ class SweEpisode:
         """Record an assistant message (no tool): counts toward the turn cap and the token budget."""
         if not self.done:
             self._record("assistant", None, None, None, None, text=text)
+
+    def record_call_message(self, text: str) -> None:
+        """Record the assistant message that carries a tool call (the text protocol, envs/swe/toolcalls.py).
+
+        Like `say`, but the turn-cap / token-budget check waits for the tool turn that must follow (a
+        tool method or `record_invalid_call`): the call a message carries always runs and is recorded,
+        so the message and its tool turn stay a pair (an odd turn_cap can end one row past the cap)."""
+        if self.done:
+            return
+        self._record("assistant", None, None, None, None, text=text)
+        if self.stop_reason in ("turn_cap", "token_budget"):
+            self.done, self.stop_reason = False, None  # re-checked when the tool turn is recorded
+
+    def record_invalid_call(self, name: str, raw_args: Any, error: str) -> ToolResult:
+        """Record a tool call that could not run (no call, unreadable JSON, unknown tool, missing or bad
+        arguments) as a failed tool turn: tool_name=`name` (INVALID_TOOL when empty), tool_args=JSON of
+        `raw_args` as the model gave them (null when None), tool_output=`error`, tool_ok=False. Same turn
+        accounting as the tools (turn cap, token budget, nothing recorded once the episode is over).
+
+        `name` may not be one of TOOL_NAMES: a turn under a tool's name is a call that ran that tool (the
+        summary's edit / test / search / terminal counters rely on it); misuse of a known tool is
+        recorded as INVALID_TOOL, with the tool named in `error`."""
+        name = str(name or INVALID_TOOL)
+        if name in TOOL_NAMES:
+            raise ValueError(f"record_invalid_call: {name!r} is a tool; record its misuse as {INVALID_TOOL!r}")
+        try:
+            json.dumps(raw_args, sort_keys=True, ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            raw_args = reprlib.repr(raw_args)  # depth- and size-limited
+        return self._tool(name, raw_args, lambda: ToolResult(False, error))
 
     def _path(self, rel: str) -> Path:
         p = (self.repo / rel).resolve()

@@ -30,8 +30,15 @@ import polars as pl
 
 from ...errors import EvoTrainerError
 from ...evidence import conform_rollouts, rollout_uid
-from ...schema import (EvalCompleted, StepCompleted, StepsAbandoned, TrainingFinished, TrainingStarted,
-                       VersionFailed, VersionSpec)
+from ...schema import (
+    EvalCompleted,
+    StepCompleted,
+    StepsAbandoned,
+    TrainingFinished,
+    TrainingStarted,
+    VersionFailed,
+    VersionSpec,
+)
 from ...status import from_ledger
 from ...store import Store, atomic_write_bytes
 from ..base import Item
@@ -183,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     vdir = Path(argv[0]).resolve()
     store = Store.open(vdir.parent.parent)
-    log_file = open(vdir / "train.log", "a", buffering=1)  # noqa: SIM115 - open for the whole run
+    log_file = open(vdir / "train.log", "a", buffering=1)
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -191,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         train_scripted(store, vdir.name, log)
-    except Exception as exc:  # noqa: BLE001 - recorded in the ledger, then reported by the exit code
+    except Exception as exc:
         with contextlib.suppress(Exception):
             store.ledger.append(VersionFailed(version=vdir.name, error=f"{type(exc).__name__}: {exc}"[:500],
                                               actor="trainer"))
