@@ -20,10 +20,11 @@ TESTS = ("from calc.ops import clamp\n\n\ndef test_low():\n    assert clamp(-5, 
 def build_instance(cache: Path) -> SweInstance:
     """The shape build.py writes (same as tests/test_swe_env.py's builder): commit 1 original, commit 2 the bug."""
     inst = SweInstance(instance_id="calc-000000000001", project="calc", version="0.1",
-                       problem_statement="tests/test_ops.py::test_low fails", fail_to_pass=("tests/test_ops.py::test_low",),
-                       pass_to_pass=("tests/test_ops.py::test_high",), gold_patch="", mutated_file="calc/ops.py",
-                       mutation="Compare: '<' -> '>' at line 2 in func clamp", test_command=(*base_test_command(), "tests"),
-                       seed=0)
+                       problem_statement="tests/test_ops.py::test_low fails",
+                       fail_to_pass=("tests/test_ops.py::test_low",), pass_to_pass=("tests/test_ops.py::test_high",),
+                       gold_patch="", mutated_file="calc/ops.py",
+                       mutation="Compare: '<' -> '>' at line 2 in func clamp",
+                       test_command=(*base_test_command(), "tests"), seed=0)
     d = instance_dir(cache, inst.instance_id)
     repo = d / "repo"
     (repo / "calc").mkdir(parents=True)
@@ -43,7 +44,7 @@ def build_instance(cache: Path) -> SweInstance:
 def cli(*args: str, data_dir: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, EVOTRAINER_DATA=str(data_dir), PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, "-m", "evotrainer.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
 
 
 def one_line_error(res: subprocess.CompletedProcess) -> str:
@@ -76,8 +77,9 @@ def test_swe_list_shows_instances(tmp_path):
 
 
 def test_swe_build_bad_arguments_are_one_line(tmp_path):
-    err = one_line_error(cli("swe", "build", "--projects", "inflection", "--out", str(tmp_path / "x"), data_dir=tmp_path))
+    out = str(tmp_path / "x")
+    err = one_line_error(cli("swe", "build", "--projects", "inflection", "--out", out, data_dir=tmp_path))
     assert "name==version" in err and "'inflection'" in err
-    err = one_line_error(cli("swe", "build", "--n", "0", "--out", str(tmp_path / "x"), data_dir=tmp_path))
+    err = one_line_error(cli("swe", "build", "--n", "0", "--out", out, data_dir=tmp_path))
     assert "--n" in err
     assert not (tmp_path / "x").exists()  # nothing downloaded or written

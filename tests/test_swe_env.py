@@ -380,6 +380,167 @@ def test_behaviour_diagnostics_skip_without_columns():
         assert res.metrics == {"applicable": 0.0} and not res.findings, name
 
 
+def _wrong_file(ep: SweEpisode) -> None:
+    """Edits the test file instead of the code: the fix's file (mutated_file) is never touched."""
+    ep.read_file("tests/test_ops.py")
+    ep.search_replace("tests/test_ops.py", "== 0\n", "== 10\n")
+    ep.submit()
+
+
+def _reader_loop(ep: SweEpisode) -> None:
+    """An echo trap of cheap calls: reads the same file until the turn cap, never edits or submits."""
+    while not ep.done:
+        ep.read_file(ep.instance.mutated_file)
+
+
+@pytest.fixture(scope="module")
+def more_episodes(instance, episodes, tmp_path_factory):
+    """`episodes` plus a wrong-file editor and a 20-turn reader loop (both fail)."""
+    tmp = tmp_path_factory.mktemp("eps2")
+    out = dict(episodes)
+    for name, pol, kw in (("wrong_file", _wrong_file, {}), ("reader", _reader_loop, {"turn_cap": 20})):
+        ep = episode(instance, tmp, **kw)
+        out[name] = (ep, *run_episode(pol, ep))
+    return out
+
+
+def test_edit_coverage_column(more_episodes):
+    import copy
+    from types import SimpleNamespace
+
+    cov = {k: more_episodes[k][2]["edit_coverage"] for k in ("honest", "leaker", "abandon", "echo", "wrong_file")}
+    assert cov == {"honest": 1.0, "leaker": 1.0, "abandon": 0.0, "echo": 0.0, "wrong_file": 0.0}
+    s = more_episodes["wrong_file"][2]
+    assert s["n_edits"] == 1 and json.loads(s["edited_files"]) == ["tests/test_ops.py"] and not s["correct"]
+    ep = copy.copy(more_episodes["honest"][0])
+    ep.instance = SimpleNamespace()  # an instance that names no mutated_file: null, and the column still conforms
+    s = {**ep.summary(), "reward": 1.0, "correct": True}
+    assert s["edit_coverage"] is None
+    df = _rows({"x": (None, None, s, more_episodes["honest"][3])}, {"x": 2})
+    assert df["edit_coverage"].null_count() == 2 and df.schema["edit_coverage"] == pl.Float64
+
+
+def test_edit_coverage_diagnostic(more_episodes):
+    r = _run("edit_coverage", _ev(_rows(more_episodes, {"honest": 4, "abandon": 4})))
+    assert r.metrics["edit_coverage"] == 1.0 and r.metrics["n_editing"] == 4 and not r.findings  # abandon left out
+    df = _rows(more_episodes, {"wrong_file": 4, "honest": 1})
+    r = _run("edit_coverage", _ev(df))
+    assert r.metrics["edit_coverage"] == pytest.approx(0.2) and r.metrics["full_coverage_rate"] == pytest.approx(0.2)
+    [f] = r.findings
+    assert f.code == "low_edit_coverage" and f.severity == "warning" and "SBE" in f.message and f.threshold == 0.6
+    wrong = set(df.filter(pl.col("edit_coverage") == 0.0)["rollout_uid"])
+    assert f.rollout_uids and set(f.rollout_uids) <= wrong
+    assert _run("edit_coverage", _ev(df.drop("edit_coverage"))).metrics == {"applicable": 0.0}  # older evidence
+
+
+def test_solution_diversity_jaccard():
+    from evotrainer.diagnostics.behaviour import _diversity
+
+    assert _diversity({"[]": 2}) == 0.0  # two empty sets are identical
+    assert _diversity({'["a"]': 1, "[]": 1}) == 1.0
+    assert _diversity({'["a", "b"]': 1, '["a"]': 1, '["c"]': 1}) == pytest.approx(1 - (0.5 + 0 + 0) / 3)
+    assert _diversity({'["a"]': 2, '["b"]': 2}) == pytest.approx(1 - 2 / 6)
+
+
+def test_solution_diversity_on_hand_made_groups(more_episodes):
+    df = _rows(more_episodes, {"honest": 3, "abandon": 3}).with_columns(
+        pl.Series("group_id", ["A", "A", "A", "B", "B", "C"]),
+        pl.Series("edited_files", ['["a", "b"]', '["a"]', '["c"]', "[]", "[]", '["a"]']))
+    r = _run("solution_diversity", _ev(df))
+    # A (solved): 1 - mean(1/2, 0, 0) = 5/6; B (abandoned, no edit): 0; C: one rollout, not a group to compare
+    assert r.metrics["solution_diversity"] == pytest.approx((5 / 6 + 0) / 2) and r.metrics["n_groups"] == 2
+    assert r.metrics["n_groups_unsolved"] == 0 and not r.findings
+    # failing groups whose samples all edit the same (wrong) file: no exploration
+    r = _run("solution_diversity", _ev(_rows(more_episodes, {"wrong_file": 4})))
+    assert r.metrics["solution_diversity_unsolved"] == 0.0 and r.metrics["n_groups_unsolved"] == 2
+    [f] = r.findings
+    assert f.code == "low_solution_diversity" and f.severity == "warning" and "temperature" in f.message
+    # one failing group that tries two different files: 1 - 2/6
+    df = _rows(more_episodes, {"wrong_file": 2, "honest": 2}).with_columns(group_id=pl.lit("g"))
+    r = _run("solution_diversity", _ev(df))
+    assert r.metrics["solution_diversity_unsolved"] == pytest.approx(2 / 3) and not r.findings
+    # fully solved groups make the same correct edit: diversity 0, but nothing to explore -> no warning
+    r = _run("solution_diversity", _ev(_rows(more_episodes, {"honest": 8})))
+    assert r.metrics["solution_diversity"] == 0.0 and r.metrics["solution_diversity_unsolved"] is None
+    assert not r.findings
+
+
+def test_tool_mix_and_action_timidity(more_episodes):
+    r = _run("tool_mix", _ev(_rows(more_episodes, {"honest": 8})))  # per rollout: 2 tests, 1 read, 1 edit, submit
+    m = r.metrics
+    assert (m["share_edit"], m["share_test"], m["share_search"], m["share_terminal"]) == (0.25, 0.5, 0.25, 0.0)
+    assert m["tool_entropy_bits"] == pytest.approx(1.5) and m["edit_ratio"] == pytest.approx(0.2)
+    assert not r.findings
+    r = _run("tool_mix", _ev(_rows(more_episodes, {"echo": 4, "abandon": 4})))
+    assert r.metrics["edit_ratio"] == 0.0
+    [f] = r.findings
+    assert f.code == "action_timidity" and f.severity == "warning" and "timidity" in f.message
+    r = _run("tool_mix", _ev(_rows(more_episodes, {"echo": 2, "abandon": 1})))  # too few rollouts to judge
+    assert r.metrics["edit_ratio"] == 0.0 and not r.findings
+
+
+def test_r2_turns_failed_rollouts_loop(more_episodes):
+    r = _run("R2_turns", _ev(_rows(more_episodes, {"reader": 2, "honest": 6})))  # 20 turns failed vs 5 solved
+    assert r.metrics["turns_mean"] == pytest.approx(8.75) and r.metrics["failed_turns_mean"] == 20.0
+    [f] = r.findings
+    assert f.code == "R2_turns_failed_long" and f.rule == "R2" and f.severity == "warning"
+    assert f.value == pytest.approx(20 / 8.75) and "turn_cap" in f.message
+    # echo trappers capped at 6 turns fail, but barely longer than the 5-turn fixers: no finding
+    r = _run("R2_turns", _ev(_rows(more_episodes, {"echo": 4, "honest": 4})))
+    assert r.metrics["failed_turns_ratio"] == pytest.approx(6 / 5.5) and not r.findings
+    r = _run("R2_turns", _ev(_rows(more_episodes, {"honest": 8})))
+    assert r.metrics["failed_turns_ratio"] is None and not r.findings
+
+
+def _val(df: pl.DataFrame, step: int) -> pl.DataFrame:
+    return df.with_columns(split=pl.lit("val"), step=pl.lit(step, dtype=df.schema["step"]),
+                           rollout_uid=pl.col("rollout_uid").str.replace("/train/", "/val/"))
+
+
+def test_r2_turns_rising_over_three_points(more_episodes):
+    plans = [{"honest": 8}, {"honest": 6, "reader": 2}, {"honest": 4, "reader": 4}]  # 5 -> 8.75 -> 12.5 turns
+    versions = [_rows(more_episodes, p, version=f"v00{i + 1}") for i, p in enumerate(plans)]
+    quiet = {"R2_turns.failed_ratio": 100}
+    r = _run("R2_turns", _ev(pl.concat(versions), **quiet))
+    [f] = r.findings
+    assert f.code == "R2_turns_rising" and f.rule == "R2" and f.versions == ("v001", "v002", "v003")
+    assert f.value == pytest.approx(1.5) and r.metrics["rise_over_versions"] == pytest.approx(1.5)
+    zigzag = [_rows(more_episodes, p, version=f"v00{i + 1}") for i, p in enumerate([plans[1], plans[0], plans[2]])]
+    r = _run("R2_turns", _ev(pl.concat(zigzag), **quiet))
+    assert r.metrics["rise_over_versions"] == pytest.approx(12.5 / 8.75 - 1) and not r.findings  # 8.75 -> 5 -> 12.5
+    assert not _run("R2_turns", _ev(pl.concat(versions[1:]), **quiet)).findings  # two points only
+    # evaluation points (held-out rollouts) rising while the training means stay flat
+    flat = [_rows(more_episodes, {"honest": 8}, version=f"v00{i + 1}") for i in range(3)]
+    evals = [_val(d, 10 * (i + 1)) for i, d in enumerate(versions)]
+    r = _run("R2_turns", _ev(pl.concat(flat + evals), **quiet))
+    [f] = r.findings
+    assert f.code == "R2_turns_rising" and "evaluations" in f.message and "v001@10" in f.message
+    assert r.metrics["rise_over_versions"] == 0.0
+
+
+def test_health_report_runs_the_new_behaviour_diagnostics(more_episodes):
+    from evotrainer.diagnostics import default_thresholds, health_report
+
+    th = default_thresholds()
+    assert th["edit_coverage.warning"] == 0.6 and th["solution_diversity.warning"] == 0.15
+    assert th["tool_mix.edit_ratio_warning"] == 0.15 and th["R2_turns.failed_ratio"] == 1.5
+    report = health_report(_ev(_rows(more_episodes, {"wrong_file": 4, "reader": 2, "honest": 2})))
+    assert not any(f.code == "diagnostic_error" for f in report.findings)
+    got = {f.diagnostic for f in report.findings}
+    assert {"edit_coverage", "solution_diversity"} <= got
+    assert report.metrics["tool_mix/edit_ratio"] is not None and report.metrics["R2_turns/failed_turns_ratio"] > 1
+
+
 def test_is_test_path():
     assert is_test_path("tests/test_a.py") and is_test_path("pkg/conftest.py") and is_test_path("test_x.py")
     assert is_test_path("pyproject.toml") and not is_test_path("calc/ops.py")
+
+
+def test_parse_pytest_keeps_parametrized_ids_with_spaces():
+    from evotrainer.envs.swe.env import parse_pytest
+
+    out = ("PASSED t.py::test_a[Action Web Service-Action Web Service]\n"
+           "FAILED t.py::test_b[x - y] - AssertionError: boom - bad\n"
+           "ERROR t.py::test_c\nPASSED t.py::test_c\n")
+    ids = ["t.py::test_a[Action Web Service-Action Web Service]", "t.py::test_b[x - y]", "t.py::test_c"]
+    assert parse_pytest(out, ids) == dict(zip(ids, ["PASSED", "FAILED", "ERROR"]))

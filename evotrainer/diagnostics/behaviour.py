@@ -3,7 +3,8 @@
 Evidence carries rollouts, not turns, so these read the behaviour summary columns that
 `envs.swe.env.SweEpisode.summary()` writes into each rollout row (see ROLLOUT_BEHAVIOUR_COLUMNS):
 n_turns, n_tool_calls, n_edits, n_edit_failures, n_test_runs, n_terminal_calls, n_search_calls,
-self_tested, search_before_edit, used_git_history, max_same_tool_streak, first_edit_turn, edited_files.
+self_tested, search_before_edit, used_git_history, max_same_tool_streak, first_edit_turn, edited_files,
+edit_coverage.
 
 A row is a behaviour row when `n_edits` is not null; a diagnostic whose columns are absent (single-turn
 domains: n_turns = 1 and no n_edits) reports only {"applicable": 0.0} and no findings. The rows read are
@@ -21,8 +22,30 @@ the version's training rollouts, or its held-out rollouts when it has no trainin
                        invalid (the fix was read from git history); above 5% without a gain -> warning
   R5_laziness    R5    vs the previous version: terminal calls per rollout -30% AND self-test rate
                        -15pp AND no correctness gain -> warning (add a behaviour-quality signal)
+  edit_coverage        mean edit_coverage (share of the gold files, {mutated_file}, that the rollout's successful
+                       edits touched) over the rollouts with >= 1 successful edit < 60% -> warning (localisation;
+                       search-before-edit reward). Rollouts without a successful edit are left out: abandonment
+                       (turns) and edit-format failures (R6) have their own diagnostics
+  solution_diversity   per GRPO group (>= 2 rollouts): 1 - mean pairwise Jaccard of the edited-file sets (two
+                       empty sets: Jaccard 1, identical); the metric is the mean over the version's groups. The
+                       warning (< 15%) reads the groups with >= 1 incorrect rollout and >= 1 edit: a group whose
+                       samples all solve makes the same (correct) edit by design, which is no exploration problem
+                       (with one-file bugs its diversity is always 0), and an all-abandon group is `turns`' finding
+  tool_mix             shares of the tool types edit (n_edits + n_edit_failures) / test (n_test_runs) / search
+                       (n_search_calls) / terminal (n_terminal_calls) over their sum (a terminal pytest run counts
+                       as test and terminal), their Shannon entropy in bits (max 2), and the edit ratio = edit
+                       calls / tool calls, pooled over the rollouts with >= 1 tool call; edit ratio < 15% ->
+                       warning "action timidity" (not judged on fewer than 4 such rollouts)
+  R2_turns       R2    (multi-turn echo trap) failed rollouts' mean turns > 1.5x the overall mean, or mean turns
+                       rising over 3 consecutive evaluation points (held-out evals across the versions, else
+                       per-version training means; the same mechanism and thresholds as rules.R2_echo_trap,
+                       >= 10% overall) -> warning (context management / turn cap, SweEnvSpec.turn_cap)
 """
 from __future__ import annotations
+
+import itertools
+import json
+import math
 
 import polars as pl
 
@@ -30,7 +53,7 @@ from .builtins import _pct
 from .registry import DiagnosticResult, Evidence, fnum, register
 
 NAMES = ("tool_calls", "edit_failures", "self_test", "search_before_edit", "turns", "tool_streak", "git_history",
-         "R5_laziness")
+         "R5_laziness", "edit_coverage", "solution_diversity", "tool_mix", "R2_turns")
 SPLIT_ORDER = ("train", "val")
 
 
@@ -259,4 +282,165 @@ def r5(ev: Evidence) -> DiagnosticResult:
             "edit-then-test reward terms)", versions=(ev.previous, ev.version), metric="terminal_drop", value=tdrop,
             threshold=ev.th("R5_laziness.terminal_drop"), rule="R5",
             rollout_uids=_uids(ev, cur.filter(~pl.col("self_tested")))))
+    return res
+
+
+@register("edit_coverage", dimension="behaviour", thresholds={"warning": 0.6},
+          description="mean share of the gold files (the instance's mutated_file) that a rollout's successful edits "
+                      "touched, over the rollouts with an edit (< 60% warning: localisation)")
+def edit_coverage(ev: Evidence) -> DiagnosticResult:
+    if not _has(ev, ("edit_coverage",)):
+        return _skip()
+    df = _rows(ev, ("edit_coverage",)).filter((pl.col("n_edits") > 0) & pl.col("edit_coverage").is_not_null())
+    cov = _mean(df, pl.col("edit_coverage"))
+    res = DiagnosticResult(
+        metrics={"applicable": 1.0, "edit_coverage": cov, "full_coverage_rate": _mean(df, pl.col("edit_coverage") >= 1.0),
+                 "n_editing": float(df.height)},
+        per_step={"edit_coverage": {int(s): fnum(v) for s, v in df.group_by("step").agg(
+            pl.col("edit_coverage").mean()).sort("step").iter_rows()}})
+    th = ev.th("edit_coverage.warning")
+    if cov is not None and cov < th:
+        res.findings.append(ev.finding(
+            "edit_coverage", "low_edit_coverage", "warning",
+            f"edits miss the files the fix needs: the {df.height} rollouts that edited touched {_pct(cov)} of the "
+            f"gold files on average (< {_pct(th)}): a localisation problem, the policy edits before finding the "
+            "bug. Intervention: a search-before-edit reward term (SBE: a search/read before the first edit)",
+            steps=_steps(df), metric="edit_coverage", value=cov, threshold=th,
+            rollout_uids=_uids(ev, df.filter(pl.col("edit_coverage") < 1.0).sort("edit_coverage"))))
+    return res
+
+
+def _jaccard(a: frozenset, b: frozenset) -> float:
+    return 1.0 if not a and not b else len(a & b) / len(a | b)
+
+
+def _diversity(counts: dict[str, int]) -> float:
+    """1 - mean pairwise Jaccard of a group's edited-file sets, given {edited_files JSON: rollouts} (n >= 2)."""
+    sets = [(frozenset(json.loads(k)), c) for k, c in counts.items()]
+    n = sum(c for _, c in sets)
+    same = sum(c * (c - 1) / 2 for _, c in sets)  # identical sets (sorted JSON): Jaccard 1
+    cross = sum(ca * cb * _jaccard(a, b) for (a, ca), (b, cb) in itertools.combinations(sets, 2))
+    return 1.0 - (same + cross) / (n * (n - 1) / 2)
+
+
+@register("solution_diversity", dimension="behaviour", thresholds={"warning": 0.15},
+          description="1 - mean pairwise Jaccard of edited-file sets within a group; < 15% over the unsolved groups "
+                      "with an edit is a warning (the samples make the same edit)")
+def solution_diversity(ev: Evidence) -> DiagnosticResult:
+    if not _has(ev, ("edited_files",)):
+        return _skip()
+    df = _rows(ev, ("group_id", "edited_files")).with_columns(pl.col("edited_files").fill_null("[]"))
+    per_set = df.group_by("group_id", "edited_files").agg(c=pl.len())
+    groups = (df.group_by("group_id")
+              .agg(step=pl.col("step").first(), n=pl.len(), unsolved=(~pl.col("correct")).any(),
+                   edited=(pl.col("n_edits") > 0).any())
+              .filter(pl.col("n") >= 2)
+              .join(per_set.group_by("group_id").agg(pl.col("edited_files"), pl.col("c")), on="group_id")
+              .sort("group_id"))
+    div = [_diversity(dict(zip(f, c))) for f, c in zip(groups["edited_files"].to_list(), groups["c"].to_list())]
+    groups = groups.with_columns(pl.Series("diversity", div, dtype=pl.Float64))
+    alerting = groups.filter(pl.col("unsolved") & pl.col("edited"))
+    d_all, d_alert = _mean(groups, pl.col("diversity")), _mean(alerting, pl.col("diversity"))
+    res = DiagnosticResult(
+        metrics={"applicable": 1.0, "solution_diversity": d_all, "n_groups": float(groups.height),
+                 "solution_diversity_unsolved": d_alert, "n_groups_unsolved": float(alerting.height)},
+        per_step={"solution_diversity": {int(s): fnum(v) for s, v in groups.group_by("step").agg(
+            pl.col("diversity").mean()).sort("step").iter_rows()}})
+    th = ev.th("solution_diversity.warning")
+    if d_alert is not None and d_alert < th:
+        same = alerting.filter(pl.col("diversity") < th).select("group_id")
+        res.findings.append(ev.finding(
+            "solution_diversity", "low_solution_diversity", "warning",
+            f"the group's samples make the same edit: over the {alerting.height} groups not fully solved, solution "
+            f"diversity (1 - mean pairwise Jaccard of edited-file sets) is {_pct(d_alert)} (< {_pct(th)}): little "
+            "exploration, so a group that fails fails the same way. Intervention: raise the sampling temperature "
+            "(or an exploration bonus)", steps=_steps(df), metric="solution_diversity_unsolved", value=d_alert,
+            threshold=th, rollout_uids=_uids(ev, df.join(same, on="group_id", how="semi").sort("group_id"))))
+    return res
+
+
+_TOOL_TYPES = {"edit": pl.col("n_edits") + pl.col("n_edit_failures"), "test": pl.col("n_test_runs"),
+               "search": pl.col("n_search_calls"), "terminal": pl.col("n_terminal_calls")}
+
+
+@register("tool_mix", dimension="behaviour", thresholds={"edit_ratio_warning": 0.15, "min_rollouts": 4},
+          description="edit / test / search / terminal shares and their entropy (bits); edit calls / tool calls "
+                      "< 15% is a warning (action timidity)")
+def tool_mix(ev: Evidence) -> DiagnosticResult:
+    cols = ("n_tool_calls", "n_edit_failures", "n_test_runs", "n_search_calls", "n_terminal_calls")
+    if not _has(ev, cols):
+        return _skip()
+    df = _rows(ev, cols).filter(pl.col("n_tool_calls") > 0)
+    counts = df.select([e.cast(pl.Int64).sum().alias(k) for k, e in _TOOL_TYPES.items()]).row(0, named=True)
+    tot, calls = sum(counts.values()), int(df["n_tool_calls"].sum() or 0)
+    shares = {k: v / tot for k, v in counts.items()} if tot else {}
+    entropy = -sum(p * math.log2(p) for p in shares.values() if p > 0) if tot else None
+    ratio = counts["edit"] / calls if calls else None
+    res = DiagnosticResult(metrics={
+        "applicable": 1.0, "n_rollouts": float(df.height), **{f"share_{k}": shares.get(k) for k in _TOOL_TYPES},
+        "tool_entropy_bits": fnum(entropy), "edit_ratio": ratio})
+    th, min_n = ev.th("tool_mix.edit_ratio_warning"), ev.th("tool_mix.min_rollouts")
+    if ratio is not None and ratio < th and df.height >= min_n:
+        res.findings.append(ev.finding(
+            "tool_mix", "action_timidity", "warning",
+            f"action timidity: only {_pct(ratio)} of {calls} tool calls are edits (< {_pct(th)}; tool mix "
+            + ", ".join(f"{k} {_pct(v)}" for k, v in shares.items())
+            + (f", entropy {entropy:.2f} bits" if entropy is not None else "") + "): the policy "
+            "searches and tests but rarely changes the code. Read its trajectories; reward acting (the partial "
+            "tier for a changed source, SweEnvSpec.partial_needs_change) or prompt for an edit once the bug is found",
+            steps=_steps(df), metric="edit_ratio", value=ratio, threshold=th,
+            rollout_uids=_uids(ev, df.with_columns(r=_TOOL_TYPES["edit"] / pl.col("n_tool_calls")).sort("r"))))
+    return res
+
+
+@register("R2_turns", dimension="efficiency", rule="R2",
+          thresholds={"consecutive": 3, "min_rise": 0.10, "failed_ratio": 1.5},
+          description="R2 (multi-turn): mean turns rising over 3 consecutive evaluations/versions, or failed "
+                      "rollouts' mean turns > 1.5x overall")
+def r2_turns(ev: Evidence) -> DiagnosticResult:
+    if not _has(ev, ("n_turns",)):
+        return _skip()
+    n_pts, min_rise = int(ev.th("R2_turns.consecutive")), ev.th("R2_turns.min_rise")
+    T = pl.col("n_turns").cast(pl.Float64)
+    vmap = {v: i for i, v in enumerate(ev.versions)}
+    lf = (ev.rollouts.filter(pl.col("version").is_in(list(ev.versions)) & pl.col("n_edits").is_not_null())
+          .select("version", "split", "step", "n_turns")
+          .with_columns(pl.col("version").replace_strict(vmap, return_dtype=pl.Int32).alias("vi")))
+    evals = (lf.filter(pl.col("split") == "val").group_by("vi", "version", "step").agg(turns=T.mean())
+             .sort("vi", "step").collect())
+    vers = (lf.filter(pl.col("split") == "train").group_by("vi", "version").agg(turns=T.mean())
+            .with_columns(step=pl.lit(None, dtype=pl.Int64)).sort("vi").collect())
+    cur = len(ev.versions) - 1
+    df = _rows(ev, ("n_turns",))
+    res = DiagnosticResult(metrics={"applicable": 1.0})
+    intervention = ("Intervention: context management (trim or summarise old tool outputs) or a turn cap (environment "
+                    "change SweEnvSpec.turn_cap)")
+    for label, series in (("evaluations", evals), ("versions", vers)):
+        if series.height < n_pts or series["vi"][-1] != cur:
+            continue
+        tail = series.tail(n_pts)
+        ts = tail["turns"].to_list()
+        rise = (ts[-1] - ts[0]) / ts[0] if ts[0] else None
+        res.metrics[f"rise_over_{label}"] = fnum(rise)
+        if (all(b > a for a, b in itertools.pairwise(ts)) and rise is not None and rise >= min_rise
+                and not res.findings):
+            pts = [v + (f"@{s}" if s is not None else "") for v, s in zip(tail["version"], tail["step"])]
+            vs = sorted(set(tail["version"].to_list()), key=ev.versions.index)
+            res.findings.append(ev.finding(
+                "R2_turns", "R2_turns_rising", "warning",
+                f"R2 echo trap: mean turns per rollout rose over {len(ts)} consecutive {label} "
+                f"({' -> '.join(f'{x:.1f}' for x in ts)} at {', '.join(pts)}; +{_pct(rise)}). {intervention}",
+                versions=vs, metric=f"rise_over_{label}", value=rise, threshold=min_rise, rule="R2",
+                rollout_uids=_uids(ev, df.sort("n_turns", descending=True))))
+    overall, failed = _mean(df, T), _mean(df.filter(~pl.col("correct")), T)
+    ratio = failed / overall if failed is not None and overall else None
+    res.metrics.update(turns_mean=overall, failed_turns_mean=failed, failed_turns_ratio=fnum(ratio))
+    fr = ev.th("R2_turns.failed_ratio")
+    if ratio is not None and ratio > fr:
+        res.findings.append(ev.finding(
+            "R2_turns", "R2_turns_failed_long", "warning",
+            f"R2 echo trap: failed rollouts take {ratio:.2f}x the average turns ({failed:.1f} vs {overall:.1f}, "
+            f"> {fr:g}x): failing rollouts loop instead of concluding. {intervention}",
+            steps=_steps(df), metric="failed_turns_ratio", value=ratio, threshold=fr, rule="R2",
+            rollout_uids=_uids(ev, df.filter(~pl.col("correct")).sort("n_turns", descending=True))))
     return res

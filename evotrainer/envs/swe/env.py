@@ -37,6 +37,11 @@ Rollout-level behaviour summary (`summary()`), extra columns of the rollouts tab
   max_same_tool_streak           longest run of consecutive calls of one tool
   first_edit_turn                turn_idx of the first search_replace call (null without one)
   edited_files                   JSON list of repo paths changed by successful edits (sorted)
+  edit_coverage                  |edited_files ∩ gold files| / |gold files|, gold files = {instance.mutated_file}:
+                                 the share of the files the fix needs that the rollout's successful edits
+                                 touched; 0.0 without a successful edit, null when the instance names no
+                                 mutated_file (the edit_coverage diagnostic averages it over the rollouts with
+                                 n_edits > 0, so abandonment and edit-format failures are not counted twice)
   stop_reason                    submitted | turn_cap | token_budget | no_submit
 """
 from __future__ import annotations
@@ -75,7 +80,8 @@ ROLLOUT_BEHAVIOUR_COLUMNS: dict[str, pl.DataType] = {
     "n_edits": pl.Int32(), "n_edit_failures": pl.Int32(), "n_test_runs": pl.Int32(),
     "n_terminal_calls": pl.Int32(), "n_search_calls": pl.Int32(), "self_tested": pl.Boolean(),
     "search_before_edit": pl.Boolean(), "used_git_history": pl.Boolean(), "max_same_tool_streak": pl.Int32(),
-    "first_edit_turn": pl.Int32(), "edited_files": pl.String(), "stop_reason": pl.String(),
+    "first_edit_turn": pl.Int32(), "edited_files": pl.String(), "edit_coverage": pl.Float64(),
+    "stop_reason": pl.String(),
 }  # plus the contract's n_turns / n_tool_calls
 
 
@@ -133,13 +139,32 @@ def _pytest_argv(test_command: Sequence[str], node_ids: Sequence[str], repo: Pat
     return [*base, "-p", "no:cacheprovider", "-rA", *node_ids]
 
 
-_RESULT_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.MULTILINE)
+_RESULT_RE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (.+)$", re.MULTILINE)
 
 
-def parse_pytest(output: str) -> dict[str, str]:
-    """node id -> outcome from pytest's -rA short summary (the last outcome wins; ERROR beats PASSED)."""
+def parse_pytest(output: str, node_ids: Sequence[str] = ()) -> dict[str, str]:
+    """node id -> outcome from pytest's -rA short summary (the last outcome wins; ERROR beats PASSED).
+
+    A summary line is "OUTCOME <node id>" or "OUTCOME <node id> - <message>", and parametrized ids
+    may hold spaces (`test_x[Action Web Service]`) or " - " themselves, so the id is found by
+    matching the line against the expected `node_ids`; without them, the text before the first
+    " - " is the id."""
+    known = set(node_ids)
     out: dict[str, str] = {}
-    for outcome, nid in _RESULT_RE.findall(output):
+    for outcome, rest in _RESULT_RE.findall(output):
+        rest = rest.rstrip()
+        nid = None
+        if known:
+            if rest in known:
+                nid = rest
+            else:
+                cut = rest.find(" - ")
+                while cut != -1 and nid is None:
+                    if rest[:cut] in known:
+                        nid = rest[:cut]
+                    cut = rest.find(" - ", cut + 1)
+        if nid is None:
+            nid = rest.split(" - ", 1)[0]
         if out.get(nid) in ("ERROR", "FAILED"):
             continue
         out[nid] = outcome
@@ -376,7 +401,7 @@ class SweEpisode:
                     dst.unlink()
             r = run_command(_pytest_argv(getattr(inst, "test_command", ()) or (), f2p + p2p, fresh), workdir=fresh,
                             timeout_s=self.test_timeout_s)
-        outcomes = parse_pytest(r.stdout)
+        outcomes = parse_pytest(r.stdout, f2p + p2p)
         passed = sum(outcomes.get(n) == "PASSED" for n in f2p)
         p2p_passed = sum(outcomes.get(n) == "PASSED" for n in p2p)
         # "ran": some hidden test was collected and executed (a collection error reports only "ERROR <file>")
@@ -423,6 +448,9 @@ class SweEpisode:
             streak = streak + 1 if i and names[i - 1] == n else 1
             best = max(best, streak)
         terminal = [t for t in tools if t["tool_name"] == "run_in_terminal"]
+        gold_file = getattr(self.instance, "mutated_file", None)
+        gold = {os.path.normpath(gold_file)} if gold_file else set()
+        edited = {os.path.normpath(f) for f in self._edited}
         return {
             "n_turns": len(self.turns), "n_tool_calls": len(tools),
             "n_edits": len(ok_edits), "n_edit_failures": len(edits) - len(ok_edits),
@@ -433,7 +461,9 @@ class SweEpisode:
                 t["tool_name"] in _SEARCH_TOOLS and t["turn_idx"] < first_edit for t in tools),
             "used_git_history": any(_GIT_HISTORY_RE.search(json.loads(t["tool_args"])["command"]) for t in terminal),
             "max_same_tool_streak": best, "first_edit_turn": first_edit,
-            "edited_files": json.dumps(sorted(self._edited)), "stop_reason": self.stop_reason or "no_submit",
+            "edited_files": json.dumps(sorted(self._edited)),
+            "edit_coverage": len(edited & gold) / len(gold) if gold else None,
+            "stop_reason": self.stop_reason or "no_submit",
             "n_tokens": self.tokens,
         }
 
