@@ -14,7 +14,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY=.venv/bin/python
-EXTRAS="${EVOTRAINER_EXTRAS:-train,notebook,code,dev}"
+EXTRAS="${EVOTRAINER_EXTRAS:-train,notebook,code,agent,dev}"
 
 # Re-install only when the dependency list or the extras changed.
 stamp=".venv/.evotrainer-setup"
