@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             cfg = config_mod.RunConfig.model_validate({**cfg.model_dump(), **overrides})
         except config_mod.ValidationError as exc:
             raise config_mod.ConfigError(f"--gates/--agent: {config_mod.one_line(exc)}") from exc
+    if not args.resume and cfg.agent == "claude" and not os.environ.get("ANTHROPIC_API_KEY"):
+        # before the campaign is created: a new campaign should not be left behind by a missing key
+        raise config_mod.ConfigError("--agent claude needs ANTHROPIC_API_KEY in the environment (never stored in "
+                                     "the campaign); export it, or use --agent playbook")
     campaign = Path(args.campaign) if args.campaign else paths.campaigns_dir() / (cfg.name or preset)
     versions = args.versions if args.versions is not None else cfg.versions
     if versions <= 0:
@@ -306,7 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--campaign", help="campaign directory (default: data/campaigns/<name>)")
     run.add_argument("--versions", type=int, help="how many versions the chain should have")
     run.add_argument("--resume", action="store_true", help="continue a campaign after a stop or crash")
-    run.add_argument("--agent", choices=["playbook"], default=None, help="trainer agent (default: playbook)")
+    run.add_argument("--agent", choices=["playbook", "claude"], default=None,
+                     help="trainer agent (default: playbook); claude reads ANTHROPIC_API_KEY and the [claude] config")
     run.add_argument("--gates", default=None,
                      help="human gates to hold, comma-separated: diagnosis,design,backtest,completion")
     run.set_defaults(func=_cmd_run)

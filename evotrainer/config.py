@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from .errors import ConfigError
-from .schema import DataSpec, Frozen, HarnessSpec, TrainConfig
+from .schema import ClaudeAgentSpec, DataSpec, Frozen, HarnessSpec, TrainConfig
 
 
 class RunConfig(Frozen):
@@ -22,7 +22,8 @@ class RunConfig(Frozen):
     versions: int = Field(2, gt=0)
     warm_start: bool = False
     gates: tuple[Literal["diagnosis", "design", "backtest", "completion"], ...] = ()
-    agent: str = "playbook"
+    agent: Literal["playbook", "claude"] = "playbook"
+    claude: ClaudeAgentSpec = ClaudeAgentSpec()  # [claude] section: model, base_url, budget_usd, ...
     candidates_per_version: int = Field(3, ge=1, le=10)
     probes: int = Field(0, ge=0, le=9)
     probe_steps: int | None = Field(None, gt=0)

@@ -9,6 +9,7 @@ campaign's harness with its own seed); the agent loop that proposes intervention
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -43,7 +44,8 @@ def campaign_spec(config: RunConfig, name: str, preset: str | None) -> CampaignS
     return CampaignSpec(
         name=name, preset=preset, policy=config.policy, data=config.data, train=config.train,
         harness=config.harness, seed=config.seed, warm_start=config.warm_start, gates=config.gates,
-        agent=config.agent, candidates_per_version=config.candidates_per_version, probes=config.probes,
+        agent=config.agent, claude=config.claude, candidates_per_version=config.candidates_per_version,
+        probes=config.probes,
         probe_steps=config.probe_steps,
     )
 
@@ -173,7 +175,7 @@ def run_campaign(
     """Run the loop until the chain has `versions` trained and judged versions, a gate holds, or abort."""
     store = open_or_create(campaign_dir, config, preset, resume)
     policy.check(store.campaign.policy, paths.models_dir())  # a resumed campaign's model may have moved
-    agent = agent or make_agent(store.campaign.agent)
+    agent = agent or make_agent(store.campaign.agent, store, log)
     log(f"campaign {store.campaign.name} at {store.root}")
     with store.controller_lock():
         try:
@@ -188,12 +190,19 @@ def run_campaign(
     return final
 
 
-def make_agent(name: str):
+def make_agent(name: str, store: Store | None = None, log: Log = print):
+    """The campaign's trainer agent. "claude" reads `store.campaign.claude` (its spec) and needs the
+    `anthropic` package and ANTHROPIC_API_KEY; it is the only agent that imports `anthropic`."""
     if name == "playbook":
         from .agent.playbook import PlaybookAgent
 
         return PlaybookAgent()
-    raise EvoTrainerError(f"unknown trainer agent {name!r}; available here: playbook")
+    if name == "claude":
+        from .agent.claude import ClaudeAgent
+        from .schema import ClaudeAgentSpec
+
+        return ClaudeAgent(store.campaign.claude if store is not None else ClaudeAgentSpec(), log=log)
+    raise EvoTrainerError(f"unknown trainer agent {name!r}; available here: playbook, claude")
 
 
 def _state(store: Store) -> LoopState:
@@ -249,6 +258,11 @@ def _choose_intervention(store: Store, index: int, agent, log: Log) -> str | Non
     from .agent.base import AgentContext
 
     name = version_name(index)
+    # Skills first: a person's completion-gate override of the previous version is final by now.
+    from .skills import sync_campaign
+
+    for line in sync_campaign(store):
+        log(f"  {line}")
     state = _state(store)
     lp = state.loop(name)
     gates = store.campaign.gates
@@ -279,7 +293,10 @@ def _choose_intervention(store: Store, index: int, agent, log: Log) -> str | Non
         lp = _state(store).loop(name)
     if "design" in gates and "design" not in lp.gates_answered:
         _hold(store, name, "design", tuple(lp.proposed), lp)
+    # A person's intervention from the design gate, else from the diagnosis gate, replaces the agent's.
     candidates = _candidates(lp, "design")
+    if candidates == list(lp.proposed):
+        candidates = _candidates(lp, "diagnosis")
     if _answered(lp, "design") == "abort":
         _abort(store, name, log)
         return None
@@ -445,6 +462,11 @@ def _judge(store: Store, name: str, state: LoopState, log: Log) -> None:
     st = decision.stats
     ci = f" Δ={st.mean_delta:+.3f} CI [{st.ci_low:+.3f}, {st.ci_high:+.3f}] p={st.p_wilcoxon}" if st else ""
     log(f"== {name}: {decision.outcome.upper()} vs {baseline or '-'}{ci}")
+    # Skills: a promoted intervention becomes (or strengthens) a skill; any use of a skill is appended.
+    from .skills import sync_campaign
+
+    for line in sync_campaign(store):
+        log(f"  {line}")
 
 
 def _maybe_die(after: str) -> None:
@@ -483,4 +505,10 @@ def answer_gate(store: Store, answer: str, *, who: str, reason: str, interventio
     store.ledger.append(ev)
     if answer == "abort":
         store.ledger.append(CampaignAborted(version=version, actor=who, reason=reason))
+    if gate == "completion" and outcome is not None:
+        # A person's verdict on a version is evidence for the skill library now, not at the next judgement.
+        from . import skills
+
+        with contextlib.suppress(skills.SkillError):
+            skills.sync_campaign(store)
     return ev

@@ -38,6 +38,16 @@ class VersionLoop:
             return ans.outcome
         return self.judged.outcome if self.judged else None
 
+    @property
+    def decided_by(self) -> tuple[str, str]:
+        """(who, why) of the effective outcome: the person who overrode it at the completion gate, else the gate."""
+        ans = self.gates_answered.get("completion")
+        if ans is not None and ans.answer == "revise" and ans.outcome is not None:
+            return ans.actor, ans.reason
+        if self.judged is not None:
+            return self.judged.actor, self.judged.reason
+        return "", ""
+
 
 @dataclass
 class LoopState:

@@ -14,6 +14,9 @@ Sections:
    rule `LoopState.best` applies); without any decision (fixed chains, imported campaigns), the
    highest Avg@k so far. HTML draws it as an inline SVG line with CI error bars (no plotting
    dependency); Markdown gives the same numbers as a table.
+5. Agent usage: the trainer agent's API calls, input/output/cache tokens and cost per version and
+   in total, summed from the ledger's `agent_usage` events, with each phase's outcome (answered,
+   fallback to the playbook, stopped).
 
 Every section works on a campaign with no decisions, backtests or health reports: it says "none yet".
 Core only (polars, numpy via `stats`); reads the store, writes nothing into it.
@@ -30,7 +33,7 @@ import polars as pl
 
 from . import evidence, stats
 from .loopstate import LoopState, derive
-from .schema import BacktestReport, Decision, HealthReport, Intervention, VersionSpec
+from .schema import AgentUsage, BacktestReport, Decision, HealthReport, Intervention, VersionSpec
 from .store import Store
 
 NONE_YET = "none yet"
@@ -70,6 +73,7 @@ class ReportData:
     state: LoopState
     rows: list[VersionRow] = field(default_factory=list)
     has_decisions: bool = False
+    usage: list[AgentUsage] = field(default_factory=list)  # the ledger's agent_usage events, in order
 
 
 def _describe(iv: Intervention) -> str:
@@ -103,7 +107,8 @@ def gather(store: Store) -> ReportData:
     decs = store.decisions()
     by_id = {d.decision_id: d for d in decs}
     data = ReportData(store=store, state=state, has_decisions=bool(decs) or any(
-        lp.outcome is not None for lp in state.versions.values()))
+        lp.outcome is not None for lp in state.versions.values()),
+        usage=[e for e in events if isinstance(e, AgentUsage)])
     specs: dict[str, VersionSpec] = {v: store.read_version(v) for v in store.versions()}
     names = sorted(set(specs) | {v for v, lp in state.versions.items() if lp.selected or lp.proposed}
                    | set(state.status.versions))
@@ -261,6 +266,39 @@ def curve_rows(data: ReportData) -> list[tuple[str, ...]]:
     return out
 
 
+USAGE_HEADERS = ("version", "model", "calls", "input tokens", "output tokens", "cache write tokens",
+                 "cache read tokens", "cost (USD)", "phases")
+
+
+def usage_rows(data: ReportData) -> list[tuple[str, ...]]:
+    """One row per version with agent usage, then the campaign total (empty when there was none)."""
+    by: dict[str, list[AgentUsage]] = {}
+    for e in data.usage:
+        by.setdefault(e.version, []).append(e)
+
+    def row(label: str, evs: list[AgentUsage], phases: str) -> tuple[str, ...]:
+        models = ", ".join(dict.fromkeys(e.model for e in evs))
+        return (label, models, str(sum(e.calls for e in evs)), f"{sum(e.input_tokens for e in evs):,}",
+                f"{sum(e.output_tokens for e in evs):,}", f"{sum(e.cache_creation_tokens for e in evs):,}",
+                f"{sum(e.cache_read_tokens for e in evs):,}", f"{sum(e.cost_usd for e in evs):.4f}", phases)
+
+    out = [row(v, evs, "; ".join(f"{e.phase} {e.outcome}" for e in evs)) for v, evs in sorted(by.items())]
+    if out:
+        n_fb = sum(e.outcome != "answered" for e in data.usage)
+        out.append(row("total", data.usage, f"{len(data.usage)} phase(s), {n_fb} not answered by the model"))
+    return out
+
+
+def _usage_note(data: ReportData) -> str:
+    c = data.store.campaign
+    if c.agent != "claude":
+        return f"Agent usage: {NONE_YET} (the {c.agent} agent makes no API calls)."
+    p = c.claude.prices
+    return (f"Budget ${c.claude.budget_usd:.2f} per campaign; prices per million tokens: input ${p.input_per_mtok:g}, "
+            f"output ${p.output_per_mtok:g}, cache write ${p.cache_write_per_mtok:g}, cache read "
+            f"${p.cache_read_per_mtok:g}.")
+
+
 _CI_NOTE = (f"Avg@k CIs: item bootstrap (B={BOOTSTRAP_B}, seed {BOOTSTRAP_SEED}) over the last evaluation; "
             "Δ CIs: the promotion gate's GateStats.")
 CURVE_HEADERS = ("after version", "best so far", "its Avg@k", f"{CI_LEVEL:.0%} CI", "this version's Avg@k")
@@ -287,7 +325,7 @@ def _header_pairs(data: ReportData) -> list[tuple[str, str]]:
         ("preset", c.preset or "—"),
         ("created", c.created_at),
         ("seed", str(c.seed)),
-        ("agent", c.agent),
+        ("agent", f"claude ({c.claude.model}, budget ${c.claude.budget_usd:.2f})" if c.agent == "claude" else c.agent),
         ("human gates", ", ".join(c.gates) or "none"),
         ("warm start", "yes (children confounded)" if c.warm_start else "no"),
         ("versions", str(sum(1 for r in data.rows if r.created))),
@@ -321,6 +359,13 @@ def _markdown(data: ReportData) -> str:
     lines += ["", "## Best so far", "", _best_rule(data) + ".", ""]
     rows = curve_rows(data)
     lines += _md_table(CURVE_HEADERS, rows) if rows else [f"Evaluations: {NONE_YET}."]
+    lines += ["", "## Agent usage", ""]
+    usage = usage_rows(data)
+    if usage:
+        lines += _md_table(USAGE_HEADERS, usage)
+        lines += ["", _usage_note(data)]
+    else:
+        lines.append(_usage_note(data) if c.agent != "claude" else f"Agent usage: {NONE_YET}.")
     return "\n".join(lines) + "\n"
 
 
@@ -454,6 +499,13 @@ def _html(data: ReportData) -> str:
     out.append(best_so_far_svg(data))
     rows = curve_rows(data)
     out.append(_html_table(CURVE_HEADERS, rows) if rows else f"<p>Evaluations: {NONE_YET}.</p>")
+    out.append("<h2>Agent usage</h2>")
+    usage = usage_rows(data)
+    if usage:
+        out.append(_html_table(USAGE_HEADERS, usage))
+        out.append(f'<p class="note">{e(_usage_note(data))}</p>')
+    else:
+        out.append(f"<p>{e(_usage_note(data) if c.agent != 'claude' else f'Agent usage: {NONE_YET}.')}</p>")
     out.append("</body></html>\n")
     return "".join(out)
 

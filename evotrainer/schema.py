@@ -166,6 +166,44 @@ class TrainConfig(Frozen):
     dtype: Literal["float32", "bfloat16"] = "float32"
 
 
+class ModelPrices(Frozen):
+    """US dollars per million tokens (defaults: Claude Sonnet 4.5 list prices, 5-minute cache writes)."""
+
+    input_per_mtok: float = Field(3.0, ge=0)
+    output_per_mtok: float = Field(15.0, ge=0)
+    cache_write_per_mtok: float = Field(3.75, ge=0)
+    cache_read_per_mtok: float = Field(0.30, ge=0)
+
+    def cost(self, input_tokens: int, output_tokens: int, cache_creation_tokens: int = 0,
+             cache_read_tokens: int = 0) -> float:
+        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok
+                + cache_creation_tokens * self.cache_write_per_mtok + cache_read_tokens * self.cache_read_per_mtok) / 1e6
+
+
+class ClaudeAgentSpec(Frozen):
+    """The Claude trainer agent (agent = "claude"): any Anthropic-compatible Messages API endpoint.
+
+    The API key is read from the environment (ANTHROPIC_API_KEY) when the agent starts; it is never
+    stored. base_url None: ANTHROPIC_BASE_URL, else the SDK's default endpoint.
+    """
+
+    model: str = Field("claude-sonnet-4-5", min_length=1)
+    base_url: str | None = None
+    max_tokens: int = Field(4096, ge=64, le=128_000)  # per API call
+    max_tool_rounds: int = Field(16, ge=1, le=200)  # API calls per propose round
+    budget_usd: float = Field(5.0, ge=0)  # per campaign; reached: the playbook answers instead
+    # API unreachable after the retries: "fallback" = the playbook proposes (recorded);
+    # "wait" = stop the campaign with its state intact (`run --resume` continues).
+    on_api_failure: Literal["fallback", "wait"] = "fallback"
+    max_retries: int = Field(4, ge=0, le=20)  # on 429, 5xx, timeouts and connection errors
+    backoff_base_s: float = Field(1.0, ge=0)  # jittered exponential backoff; retry-after wins
+    backoff_max_s: float = Field(60.0, ge=0)
+    timeout_s: float = Field(120.0, gt=0)  # per API call
+    max_tool_result_chars: int = Field(12_000, ge=500, le=200_000)  # each tool's output is cut to this
+    temperature: float | None = Field(None, ge=0, le=1)  # None: the endpoint's default
+    prices: ModelPrices = ModelPrices()
+
+
 class CampaignSpec(Document):
     """Frozen at creation: what the campaign trains and the base harness of its first version."""
 
@@ -180,7 +218,8 @@ class CampaignSpec(Document):
     seed: int = 0
     warm_start: bool = False  # children continue from their parent's checkpoint (confounded)
     gates: tuple[Literal["diagnosis", "design", "backtest", "completion"], ...] = ()  # human gates held
-    agent: str = "playbook"
+    agent: str = "playbook"  # "playbook" | "claude" (controller.make_agent)
+    claude: ClaudeAgentSpec = ClaudeAgentSpec()  # used when agent = "claude"
     candidates_per_version: int = Field(3, ge=1, le=10)  # interventions proposed and backtested
     # Parallel exploration: the top `probes` candidates are trained as short probes (probe_steps)
     # from the same parent and compared on held-out items before one is carried on (0: off).
@@ -290,7 +329,72 @@ class UserDiagnostic(Document):
     reason: str = Field(min_length=3)
     parent_sha256: str | None = None  # the revision this one edits
     created_at: str = Field(default_factory=utc_now)
-    validated: bool = False  # retrospective validation passed (see issue 6)
+    # Derived on read, never stored True (this document is frozen at save time): Store.user_diagnostics()
+    # sets it when the LATEST ValidationReport of this sha256 accepted it (diagnostics/validation.py).
+    validated: bool = False
+
+
+class ValidationPoint(Frozen):
+    """One past version replayed under a user diagnostic: its label and what the diagnostic said."""
+
+    version: str
+    outcome: Literal["promote", "reject", "inconclusive", "vetoed"] | None  # effective (a person's override wins)
+    label: Literal["kept", "bad", "unused"]  # kept = promote; bad = reject or vetoed; unused = the rest
+    note: str = ""  # why a version is unused
+    evidence: tuple[str, ...] = ()  # the versions handed to the diagnostic, oldest first (the last is diagnosed)
+    metrics: dict[str, float | None] = Field(default_factory=dict)
+    finding_codes: tuple[str, ...] = ()
+    alerts: int = 0  # warning or critical findings
+    vetoes: int = 0  # findings with veto=True
+    error: str | None = None  # the run failed (timeout, memory, exception, shape): one line
+
+
+class SignalSeparation(Frozen):
+    """How well one signal (a returned metric, or "#findings") separates kept from bad versions."""
+
+    signal: str
+    values: dict[str, float | None]  # version -> value, every replayed version (unused ones for the record)
+    n_kept: int
+    n_bad: int
+    mean_kept: float | None = None
+    mean_bad: float | None = None
+    cohens_d: float | None = None  # (mean_bad - mean_kept) / pooled sd; None: undefined or infinite (see note)
+    cohens_d_note: str = ""
+    auc: float | None = None  # P(bad value > kept value) + P(tie) / 2 over all kept x bad pairs
+    cliffs_delta: float | None = None  # 2 * auc - 1, in [-1, 1]
+    overlap: bool = True  # some kept value lies within the bad values' range or beyond it
+    direction: Literal["higher_on_bad", "lower_on_bad", "none"] = "none"
+    passed: bool = False
+    why: str = ""
+
+
+class ValidationReport(Document):
+    """Retrospective validation of one user-diagnostic revision (sha256) over the campaign's judged versions."""
+
+    kind: Literal["diagnostic_validation"] = "diagnostic_validation"
+    validation_id: str
+    name: str
+    sha256: str
+    author: str
+    reason: str = Field(min_length=3)
+    created_at: str = Field(default_factory=utc_now)
+    as_of: str  # the newest version of the campaign when it ran
+    evidence: str  # how each version's evidence was chosen
+    rule: str  # the acceptance rule, in words, with its thresholds
+    min_effect: float
+    min_per_side: int
+    history: int
+    timeout_s: float
+    memory_mb: int
+    requested_metric: str | None = None
+    points: tuple[ValidationPoint, ...] = ()
+    signals: tuple[SignalSeparation, ...] = ()
+    signal: str | None = None  # the signal that decided (the best one; the first that passed)
+    cohens_d: float | None = None
+    cliffs_delta: float | None = None
+    auc: float | None = None
+    accepted: bool
+    why: str
 
 
 # --------------------------------------------------------------------------- interventions
@@ -605,6 +709,43 @@ class ProbesCompared(_Event):
     winner: str  # intervention id
 
 
+class AgentUsage(_Event):
+    """What one agent phase (propose or rank) of a version cost: API calls, tokens, dollars.
+
+    Written by the Claude agent after each phase, also when it fell back to the playbook or stopped
+    the campaign (outcome says which); the campaign's spend is the sum of cost_usd over these events.
+    """
+
+    kind: Literal["agent_usage"] = "agent_usage"
+    version: str
+    agent: str
+    model: str
+    phase: Literal["propose", "rank"]
+    outcome: Literal["answered", "fallback", "stopped"] = "answered"
+    calls: int = Field(0, ge=0)
+    input_tokens: int = Field(0, ge=0)
+    output_tokens: int = Field(0, ge=0)
+    cache_creation_tokens: int = Field(0, ge=0)
+    cache_read_tokens: int = Field(0, ge=0)
+    cost_usd: float = Field(0.0, ge=0)
+
+
+class DiagnosticValidated(_Event):
+    """A user diagnostic revision was validated retrospectively (the ValidationReport document holds the numbers).
+
+    Only a revision whose latest validation accepted it runs in health reports and can veto."""
+
+    kind: Literal["diagnostic_validated"] = "diagnostic_validated"
+    version: str  # as of: the newest version of the campaign when the validation ran
+    name: str
+    sha256: str
+    validation_id: str
+    accepted: bool
+    signal: str | None = None
+    cliffs_delta: float | None = None
+    cohens_d: float | None = None
+
+
 class CampaignAborted(_Event):
     kind: Literal["campaign_aborted"] = "campaign_aborted"
     version: str
@@ -613,7 +754,7 @@ class CampaignAborted(_Event):
 LedgerEvent = Annotated[
     CampaignCreated | VersionCreated | TrainingStarted | StepCompleted | StepsAbandoned | EvalCompleted
     | TrainingFinished | VersionFailed | HealthReported | VersionJudged | InterventionProposed | BacktestCompleted
-    | InterventionSelected | GateOpened | GateAnswered | ProbesCompared | CampaignAborted,
+    | InterventionSelected | GateOpened | GateAnswered | ProbesCompared | AgentUsage | DiagnosticValidated | CampaignAborted,
     Field(discriminator="kind"),
 ]
 

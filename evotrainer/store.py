@@ -10,6 +10,8 @@ Layout (see ARCHITECTURE.md):
     <campaign>/versions/<vNNN>/metrics/step=<NNNNNN>.parquet
     <campaign>/versions/<vNNN>/checkpoints/  final/  train.log
     <campaign>/versions/<vNNN>/abandoned/attempt-<N>/...   steps of a crashed attempt, moved aside
+    <campaign>/diagnostics/<name>-<sha12>.py|.json          user diagnostic revisions (source + metadata)
+    <campaign>/validations/<name>-<sha12>-<id>.json         their retrospective validations (append-only)
 
 Rules: one write primitive per table; every write is atomic (temp file, fsync, rename); table
 partitions are never rewritten (an append to an existing partition is refused); a reader never
@@ -36,7 +38,7 @@ from . import evidence
 from .errors import CorruptTableError, SchemaVersionError, StoreError
 from .migrations import migrate_document, migrate_event
 from .schema import (SCHEMA_VERSION, BacktestReport, CampaignSpec, Decision, HealthReport, Intervention, LedgerEvent,
-                     UserDiagnostic, VersionSpec, event_to_json, version_index)
+                     UserDiagnostic, ValidationReport, VersionSpec, event_to_json, version_index)
 
 _STEP_FILE = re.compile(r"^step=(\d{6})\.parquet$")
 _EVENT = TypeAdapter(LedgerEvent)
@@ -325,13 +327,40 @@ class Store:
         return path
 
     def user_diagnostics(self, name: str | None = None) -> list[tuple[UserDiagnostic, str]]:
-        """Every saved revision (oldest first) with its source, optionally of one name."""
+        """Every saved revision (oldest first) with its source, optionally of one name.
+
+        `validated` is derived, not stored (the metadata file is frozen at save time): True when the
+        LATEST validation of that revision (sha256) accepted it, so a re-validation that fails revokes it.
+        """
         out = []
+        latest = self.latest_validations()
         for meta in self._get_docs("diagnostics", UserDiagnostic):
             if name is None or meta.name == name:
                 src = (self.root / "diagnostics" / f"{meta.name}-{meta.sha256[:12]}.py").read_text()
-                out.append((meta, src))
+                report = latest.get((meta.name, meta.sha256))
+                ok = bool(report is not None and report.accepted)
+                out.append((meta.model_copy(update={"validated": ok}) if ok != meta.validated else meta, src))
         return sorted(out, key=lambda p: p[0].created_at)
+
+    def write_validation(self, report: ValidationReport) -> Path:
+        """Append a retrospective validation (validations/<name>-<sha12>-<id>.json). Never replaced; an
+        identical repeat (same content id) is a no-op. The caller records a DiagnosticValidated event."""
+        if not (self.root / "diagnostics" / f"{report.name}-{report.sha256[:12]}.json").exists():
+            raise StoreError(f"validation of {report.name} {report.sha256[:12]}: no such saved diagnostic revision")
+        return self._put_doc(f"validations/{report.name}-{report.sha256[:12]}-{report.validation_id}.json", report)
+
+    def validations(self, name: str | None = None, sha256: str | None = None) -> list[ValidationReport]:
+        """Stored validations (oldest first), optionally of one diagnostic name and/or revision."""
+        docs = [r for r in self._get_docs("validations", ValidationReport)
+                if (name is None or r.name == name) and (sha256 is None or r.sha256 == sha256)]
+        return sorted(docs, key=lambda r: r.created_at)
+
+    def latest_validations(self) -> dict[tuple[str, str], ValidationReport]:
+        """(name, sha256) -> the newest validation of that revision."""
+        out: dict[tuple[str, str], ValidationReport] = {}
+        for r in self.validations():
+            out[(r.name, r.sha256)] = r
+        return out
 
     def write_health_report(self, report: HealthReport) -> Path:
         """Derived from the evidence (recomputed when diagnostics change), so it may be replaced."""

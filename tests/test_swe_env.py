@@ -544,3 +544,14 @@ def test_parse_pytest_keeps_parametrized_ids_with_spaces():
            "ERROR t.py::test_c\nPASSED t.py::test_c\n")
     ids = ["t.py::test_a[Action Web Service-Action Web Service]", "t.py::test_b[x - y]", "t.py::test_c"]
     assert parse_pytest(out, ids) == dict(zip(ids, ["PASSED", "FAILED", "ERROR"]))
+
+
+def test_all_malformed_calls_are_a_protocol_failure_not_timidity(episodes):
+    _, _, s, v = episodes["abandon"]
+    bad = {**s, "n_turns": 8, "n_tool_calls": 4, "n_search_calls": 0, "n_test_runs": 0, "n_terminal_calls": 0,
+           "n_edits": 0, "n_edit_failures": 0}
+    rows = [rollout_row(bad, v, 0.0, campaign="c", version="v001", split="train", step=1, group=k // 2, sample=k,
+                        item_id="calc-000000000001") for k in range(4)]
+    df = conform_behaviour(conform_rollouts(pl.DataFrame(rows)))
+    res = _run("tool_mix", _ev(df))
+    assert [f.code for f in res.findings] == ["no_valid_tool_calls"] and res.metrics["edit_ratio"] == 0.0

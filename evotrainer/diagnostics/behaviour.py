@@ -380,7 +380,17 @@ def tool_mix(ev: Evidence) -> DiagnosticResult:
         "applicable": 1.0, "n_rollouts": float(df.height), **{f"share_{k}": shares.get(k) for k in _TOOL_TYPES},
         "tool_entropy_bits": fnum(entropy), "edit_ratio": ratio})
     th, min_n = ev.th("tool_mix.edit_ratio_warning"), ev.th("tool_mix.min_rollouts")
-    if ratio is not None and ratio < th and df.height >= min_n:
+    if calls and not tot and df.height >= min_n:
+        # Every call was malformed (no call, bad JSON, unknown tool): not timidity but a protocol failure.
+        res.findings.append(ev.finding(
+            "tool_mix", "no_valid_tool_calls", "warning",
+            f"none of {calls} tool calls in {df.height} rollouts was a valid call of a tool (no call, bad JSON, "
+            "unknown tool or bad arguments): the policy does not follow the tool-call format, so no episode can "
+            "succeed. Teach the format first (a system prompt with an example, a format reward, or SFT on "
+            "scripted trajectories) before tuning the RL harness",
+            steps=_steps(df), metric="valid_tool_calls", value=0.0, threshold=1.0,
+            rollout_uids=_uids(ev, df)))
+    elif ratio is not None and ratio < th and df.height >= min_n:
         res.findings.append(ev.finding(
             "tool_mix", "action_timidity", "warning",
             f"action timidity: only {_pct(ratio)} of {calls} tool calls are edits (< {_pct(th)}; tool mix "

@@ -63,9 +63,26 @@ def evidence_for(store: Store, version: str, *, history: int = 3,
 
 
 def health_report_for(store: Store, version: str, *, history: int = 3,
-                      thresholds: Mapping[str, float] | None = None, write: bool = False) -> HealthReport:
-    """Health report of `version` from the store, with up to `history` ancestors as trend evidence."""
+                      thresholds: Mapping[str, float] | None = None, write: bool = False,
+                      user: bool = True) -> HealthReport:
+    """Health report of `version` from the store, with up to `history` ancestors as trend evidence.
+
+    With `user` (default), the campaign's VALIDATED user diagnostics (the latest validated revision of
+    each name, diagnostics/validation.py) also run, each in the sandbox over the same evidence, and
+    their metrics ("user:<name>/<metric>") and findings are merged: a user finding with veto=True then
+    vetoes at the gate like a built-in one. A user diagnostic that fails (timeout, memory, exception,
+    bad shape, a write the sandbox refused) becomes a `diagnostic_error` warning: never a veto, never a
+    crash. Unvalidated revisions never run here."""
     report = health_report(evidence_for(store, version, history=history, thresholds=thresholds))
+    if user:
+        from .validation import run_validated
+
+        metrics, findings = run_validated(store, version, history=history)
+        if metrics or findings:
+            merged = sorted([*report.findings, *findings],
+                            key=lambda f: (_SEVERITY_ORDER[f.severity], f.diagnostic, f.code))
+            report = report.model_copy(update={"metrics": {**report.metrics, **metrics},
+                                               "findings": tuple(merged)})
     if write:
         store.write_health_report(report)
     return report

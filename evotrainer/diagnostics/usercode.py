@@ -4,15 +4,31 @@ User code is stored as source plus its sha256 (`save_user_diagnostic`, lineage b
 never pickled, and never executed in the caller's process. `run_user_diagnostic` runs it in a child
 interpreter against a read-only COPY of the evidence:
 
-    def diagnose(rollouts, metrics):          # polars DataFrames (eager)
+    def diagnose(rollouts, metrics):          # polars DataFrames (eager); or (rollouts, metrics, ctx)
         return {"metrics": {"name": 0.5},     # float | None
                 "findings": [{"severity": "warning", "code": "x", "message": "...",
                               "rollout_uids": [...], "veto": False}]}   # last two optional
 
 `rollouts` holds every split (train and val) of the chosen versions with the evidence-contract
-columns; `metrics` is the long metrics table (version, step, name, value, source).
+columns; `metrics` is the long metrics table (version, step, name, value, source). A `diagnose` that
+takes a third positional argument gets `ctx = {"version": the version under diagnosis, "versions":
+the versions handed over (oldest first), "parent": the one before it or None}`. At the gate and in
+retrospective validation (diagnostics/validation.py) the versions are the diagnosed version plus up
+to 3 ancestors along the parent chain, the same evidence the built-ins get, so a RULE (a diagnostic
+that compares versions) is written the same way: filter on `ctx["version"]` for "this version" and
+on the earlier ones for the trend. A diagnostic that ignores `ctx` and summarises every row mixes
+the ancestors in; validation is what catches that.
 
-The sandbox (layers, strongest first; `UserRunResult.sandbox` says which were applied):
+A saved diagnostic counts (runs in the health report, can veto) only once a retrospective validation
+of that exact revision accepted it: see diagnostics/validation.py.
+
+The sandbox (layers, outermost first; `UserRunResult.sandbox` says which were applied):
+- isolation.py's launcher (the one envs/sandbox.py uses) starts the runner: a fresh cgroup per run
+  (pids.max = CG_MAX_TASKS tasks and memory_mb + CG_MEMORY_MARGIN_MB for the whole tree; leftovers
+  are killed afterwards), a network namespace (only a loopback, down: no TCP, UDP or raw sockets to
+  anything), and a PID namespace whose init kills every process left when the runner exits (a
+  forked, setsid()'d sleeper does not survive). Where a layer cannot be applied (no writable
+  cgroup, unshare refused) the run goes on and `sandbox` says so.
 - The child never learns the store's path. It gets a fresh temp dir holding the evidence copy
   (files 0444 in a 0555 folder), the source, and `work/` (its cwd, HOME and TMPDIR).
 - Landlock (Linux >= 5.13, unprivileged, applies to root too), set by the runner after it has read
@@ -25,20 +41,26 @@ The sandbox (layers, strongest first; `UserRunResult.sandbox` says which were ap
   anonymous mappings, the useful "memory" number), RLIMIT_AS = memory_mb + 768 MB (polars and numpy
   reserve ~350 MB of address space for code and thread stacks before any data, so RLIMIT_AS alone
   at 256 MB cannot even import polars), RLIMIT_CPU ~ timeout x threads, RLIMIT_FSIZE 16 MB,
-  RLIMIT_CORE 0, RLIMIT_NPROC = this user's current tasks + 64 (not enforced for root by the kernel).
-- A new session/process group; the wall-clock timeout kills the group and every descendant found.
+  RLIMIT_CORE 0, RLIMIT_NPROC = this user's current tasks + 64 (not enforced for root by the kernel;
+  the cgroup's task cap is what bounds a fork bomb there).
+- A new session/process group; the wall-clock timeout kills the launcher's tree (and with it the
+  PID namespace).
 - Isolated interpreter (`-I`: no PYTHON* env, no user site, no cwd on sys.path) with a scrubbed env.
+- Only the runner writes the result: a process the user code forks cannot answer for it.
 
 The limits are set by the runner itself as its first statements (before polars is imported), not in
 a `preexec_fn`: a notebook parent has polars worker threads, and Python code between fork and exec in
 a threaded parent can deadlock.
 
-NOT contained here (issue 5 builds the fuller sandbox): UDP and raw-socket network access (Landlock
-covers TCP only; no network namespace), reads of world-readable system files (/etc), a process
-that forks, calls setsid() and sleeps can outlive the run (no PID namespace/cgroup; it is still
-bound by the CPU limit and cannot exec), disk filled by many 16 MB files in `work/` (no quota; the
-temp dir is deleted after the run), and on kernels without Landlock only the path secrecy, the
-read-only copy (ineffective for root) and the rlimits remain.
+NOT contained: reads of world-readable system files (/etc, /proc: the host's /proc is visible,
+so other processes' command lines are readable), disk filled by many 16 MB files in `work/` (no
+quota; the temp dir is deleted after the run), CPU share (no cpu cgroup weight), timing side
+channels and kernel exploits. Without a writable cgroup the tree's memory and task count are
+bounded per process only (rlimits; RLIMIT_NPROC not at all for root); where unshare is refused
+there is no network namespace (Landlock still denies TCP) and no PID namespace (a setsid() process
+can then outlive the run, bound by its CPU limit and unable to exec); on kernels without Landlock
+only the namespaces, the cgroup, the path secrecy, the read-only copy (ineffective for root) and
+the rlimits remain.
 """
 from __future__ import annotations
 
@@ -58,7 +80,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +100,8 @@ FSIZE_MB = 16
 AS_ALLOWANCE_MB = 768  # address space for code, thread stacks and allocator reservations
 NPROC_MARGIN = 64
 KILL_GRACE_S = 1.0
+CG_MAX_TASKS = 128  # threads + processes of the whole run (polars' pool, the launcher and its init)
+CG_MEMORY_MARGIN_MB = 512  # the cgroup is a backstop for the tree; RLIMIT_DATA is the per-process limit
 SEVERITIES = ("info", "warning", "critical")
 _CODE_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,64}$")
 _FINDING_KEYS = {"severity", "code", "message", "rollout_uids", "veto"}
@@ -125,8 +149,9 @@ def check_source(source: str) -> str | None:
     required = positional - len(a.defaults)
     if a.vararg is None and positional < 2:
         return f"line {fn.lineno}: diagnose must take two arguments (rollouts, metrics); it takes {positional}"
-    if required > 2 or any(d is None for d in a.kw_defaults):
-        return f"line {fn.lineno}: diagnose must be callable as diagnose(rollouts, metrics); it requires more arguments"
+    if required > 3 or any(d is None for d in a.kw_defaults):
+        return (f"line {fn.lineno}: diagnose must be callable as diagnose(rollouts, metrics) or "
+                "diagnose(rollouts, metrics, ctx); it requires more arguments")
     return None
 
 
@@ -175,8 +200,11 @@ for p in cfg["paths"]:
 os.chdir(cfg["work"])
 _fd = os.open(cfg["result"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
 _sandbox = []
+_me = os.getpid()
 
 def _emit(obj):
+    if os.getpid() != _me:  # a process the user code forked: only the runner answers
+        os._exit(0)
     data = json.dumps(obj).encode()
     view = memoryview(data)
     while view:
@@ -228,7 +256,15 @@ def _user_line(tb):
 try:
     ns = {"__name__": "user_diagnostic", "__file__": cfg["source"], "__builtins__": __builtins__}
     exec(code, ns)
-    res = ns["diagnose"](rollouts, metrics)
+    _fn = ns["diagnose"]
+    try:
+        import inspect
+        _ps = list(inspect.signature(_fn).parameters.values())
+        _takes_ctx = any(p.kind == p.VAR_POSITIONAL for p in _ps) or sum(
+            p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in _ps) >= 3
+    except (TypeError, ValueError):
+        _takes_ctx = False
+    res = _fn(rollouts, metrics, dict(cfg["ctx"])) if _takes_ctx else _fn(rollouts, metrics)
     if isinstance(res, dict) and isinstance(res.get("findings"), (list, tuple)):
         for f in res["findings"]:
             if isinstance(f, dict) and isinstance(f.get("rollout_uids"), (list, tuple)):
@@ -322,10 +358,12 @@ def _fail(error: str, started: float, cap: Capture | None, max_output_kb: int, s
 
 def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None = None, *,
                         timeout_s: float = 10.0, memory_mb: int = 1024, max_output_kb: int = 64,
-                        name: str = "user") -> UserRunResult:
-    """Run `diagnose(rollouts, metrics)` from `source` in a sandboxed child over a copy of the
-    evidence of `versions` (all when None). Never raises for anything the code does; writes nothing
-    to the store; blocks at most about timeout_s + 2 s once the evidence is exported."""
+                        name: str = "user", version: str | None = None) -> UserRunResult:
+    """Run `diagnose(rollouts, metrics[, ctx])` from `source` in a sandboxed child over a copy of the
+    evidence of `versions` (all when None; give them oldest first, as `report.lineage` does).
+    `version` is the version under diagnosis (ctx["version"]; default: the last of `versions`).
+    Never raises for anything the code does; writes nothing to the store; blocks at most about
+    timeout_s + 2 s once the evidence is exported."""
     started = time.monotonic()
     problem = check_source(source)
     if problem:
@@ -333,12 +371,17 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
     if isinstance(versions, str):
         versions = [versions]
     tmp = Path(tempfile.mkdtemp(prefix="evotrainer-usercode-"))
+    cg = None
     try:
         tmp.chmod(0o711)
         work, evdir = tmp / "work", tmp / "evidence"
         work.mkdir(mode=0o700)
         evdir.mkdir(mode=0o700)
         rp, mp, run_versions = _export_evidence(store, versions, evdir)
+        diagnosed = version if version is not None else (run_versions[-1] if run_versions else None)
+        ctx = {"version": diagnosed, "versions": list(run_versions),
+               "parent": (run_versions[run_versions.index(diagnosed) - 1]
+                          if diagnosed in run_versions and run_versions.index(diagnosed) > 0 else None)}
         src_path = tmp / SOURCE_NAME
         src_path.write_text(source, encoding="utf-8")
         src_path.chmod(0o444)
@@ -352,49 +395,129 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
             "data_bytes": int(memory_mb) << 20, "as_bytes": (int(memory_mb) + AS_ALLOWANCE_MB) << 20,
             "cpu_s": math.ceil(timeout_s * threads) + 2, "fsize_bytes": FSIZE_MB << 20,
             "nproc": 0 if uid == 0 else _user_tasks(uid) + NPROC_MARGIN,
-            "max_uids": MAX_ROLLOUT_UIDS, "max_result_bytes": int(max_output_kb) * 1024,
+            "max_uids": MAX_ROLLOUT_UIDS, "max_result_bytes": int(max_output_kb) * 1024, "ctx": ctx,
         }
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "TMPDIR": str(work),
                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "POLARS_MAX_THREADS": str(threads),
                "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "MALLOC_ARENA_MAX": "2"}
+        # The outer layers come from isolation.py's launcher (the one envs/sandbox.py uses): a fresh
+        # cgroup (tasks + memory of the whole tree), a network namespace, a PID namespace whose init
+        # kills every leftover when the runner exits. The runner then applies its own rlimits and
+        # Landlock (it must read the evidence first), so the launcher's target applies no Landlock.
+        from ..envs.sandbox import _Cgroup
+
+        cg = _Cgroup(CG_MAX_TASKS, (int(memory_mb) + CG_MEMORY_MARGIN_MB) << 20)
+        rfd_r, rfd_w = os.pipe()
+        launch = {"argv": [sys.executable, "-I", "-u", "-c", _RUNNER, json.dumps(cfg)], "exec": sys.executable,
+                  "cwd": str(work), "env": env, "cgroups": cg.procs, "netns": True, "pidns": True,
+                  "landlock": None, "rlimits": {"core": 0}, "report_fd": rfd_w}
         cap = Capture(int(max_output_kb) * 1024)
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-I", "-u", "-c", _RUNNER, json.dumps(cfg)], cwd=work, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+        try:
+            proc = subprocess.Popen([sys.executable, "-I", "-S", cfg["isolation"], json.dumps(launch)], cwd=work,
+                                    env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True, close_fds=True,
+                                    pass_fds=(rfd_w,))
+        except BaseException:
+            os.close(rfd_r)
+            raise
+        finally:
+            os.close(rfd_w)
         timed_out = False
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            fd = proc.stdout.fileno()
-            while True:
-                left = t0 + timeout_s - time.monotonic()
-                if left <= 0:
-                    timed_out = True
-                    break
-                if not sel.select(min(left, 0.5)):
-                    if proc.poll() is not None:
-                        break  # exited, but a grandchild holds the pipe open
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                cap.feed(chunk)
-        if not timed_out:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.0, t0 + timeout_s - time.monotonic()))
-            timed_out = proc.returncode is None
-        if timed_out:
-            kill_tree(proc)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=KILL_GRACE_S)
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind in its process group
-        proc.stdout.close()
-        return _interpret(proc.returncode, timed_out, tmp / "result.json", cap, cfg, run_versions, name,
-                          timeout_s, memory_mb, max_output_kb, started)
+        try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                fd = proc.stdout.fileno()
+                while True:
+                    left = t0 + timeout_s - time.monotonic()
+                    if left <= 0:
+                        timed_out = True
+                        break
+                    if not sel.select(min(left, 0.5)):
+                        if proc.poll() is not None:
+                            break  # exited, but a grandchild holds the pipe open
+                        continue
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    cap.feed(chunk)
+            if not timed_out:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=max(0.0, t0 + timeout_s - time.monotonic()))
+                timed_out = proc.returncode is None
+            if timed_out:
+                kill_tree(proc)  # killing the namespace's init takes the whole PID namespace down
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=KILL_GRACE_S)
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind in its process group
+            survivors = cg.kill_all() if cg.procs else 0
+            hits = cg.hit_limits()
+            reports = _read_reports(rfd_r)
+        finally:
+            os.close(rfd_r)
+            if proc.returncode is None:
+                kill_tree(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=KILL_GRACE_S)
+            proc.stdout.close()
+        layers = _outer_layers(cg, reports, survivors)
+        final = next((r for r in reports if "exit" in r or "signal" in r or "lost" in r), {})
+        setup = next((r.get("setup_error") for r in reports if r.get("setup_error")), None)
+        if setup:
+            res = _fail(f"the sandbox could not start the runner: {setup}", started, cap, max_output_kb)
+        else:
+            rc = -final["signal"] if "signal" in final else final.get("exit", proc.returncode)
+            if "memory limit (OOM kill)" in hits and rc is not None and rc < 0:
+                rc = -signal.SIGKILL  # the cgroup's OOM killer: reported as out of memory
+            res = _interpret(rc, timed_out, tmp / "result.json", cap, cfg, run_versions, name, timeout_s,
+                             memory_mb, max_output_kb, started)
+        return replace(res, sandbox=tuple(layers) + tuple(res.sandbox))
     finally:
+        if cg is not None:
+            cg.kill_all()
+            cg.remove()
         _rmtree(tmp)
+
+
+def _read_reports(fd: int) -> list[dict]:
+    """The launcher's JSON lines (layers it got, what the target applied, how the target ended)."""
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(OSError):
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    out = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
+def _outer_layers(cg, reports: list[dict], survivors: int) -> list[str]:
+    """What the launcher applied, in words (UserRunResult.sandbox), and what it could not."""
+    got = next((r.get("launcher", {}) for r in reports if "launcher" in r), {})
+    notes = next((r.get("notes", []) for r in reports if "launcher" in r), [])
+    out = []
+    if "cgroup-pids" in cg.applied:
+        out.append("cgroup: tasks and memory of the whole tree capped" if "cgroup-memory" in cg.applied
+                   else "cgroup: tasks capped (no memory cgroup)")
+    else:
+        out.append("no cgroup (cannot create one here): only rlimits bound the tree")
+    out.append("network namespace: no network" if got.get("netns")
+               else "no network namespace (unshare refused): UDP and raw sockets are not contained")
+    out.append("pid namespace: nothing outlives the run" if got.get("pidns")
+               else "no pid namespace (unshare refused): a setsid() process may outlive the run")
+    out += [str(n) for n in notes]
+    if survivors:
+        out.append(f"{survivors} leftover process(es) in the run's cgroup were killed")
+    return out
 
 
 def _interpret(rc, timed_out, result_path: Path, cap: Capture, cfg, versions, name, timeout_s, memory_mb,

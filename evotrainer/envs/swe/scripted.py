@@ -1,7 +1,7 @@
 """Train a version whose policy is a scripted SWE policy: `python -m evotrainer.envs.swe.scripted VERSION_DIR`.
 
 A campaign with `policy = "scripted:<name>"` (a name of policies.POLICIES: honest_fixer, leaker,
-echo_trapper, abandoner) runs through the same loop as an LLM policy: the controller starts this
+echo_trapper, abandoner, test_tamperer) runs through the same loop as an LLM policy: the controller starts this
 process instead of `python -m evotrainer.train`, and it writes the same evidence: per step,
 `prompts_per_step` instances x `group_size` episodes as train rollouts (behaviour columns included)
 and their turns, scored by the harness (`apply_harness`: reward components, filters, advantages -
