@@ -102,7 +102,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
         iv = interventions.load(args.intervention, **({"parent": parent} if parent else {}),
                                 **({"author": args.who} if args.who else {}))
     ev = answer_gate(store, args.answer, who=args.who or getpass.getuser(), reason=args.reason or "",
-                     intervention=iv, outcome=args.outcome)
+                     intervention=iv, outcome=args.outcome, log=print)
     print(f"{ev.version}: {ev.gate} gate answered {ev.answer.upper()} by {ev.actor}"
           + (f" with {ev.intervention_id}" if ev.intervention_id else "")
           + (f" (outcome {ev.outcome})" if ev.outcome else "") + f"; continue with `evotrainer run --campaign {store.root} --resume`")

@@ -476,7 +476,7 @@ def _maybe_die(after: str) -> None:
 
 
 def answer_gate(store: Store, answer: str, *, who: str, reason: str, intervention: Intervention | None = None,
-                outcome: str | None = None) -> GateAnswered:
+                outcome: str | None = None, log: Log | None = None) -> GateAnswered:
     """Answer the gate the campaign is waiting at (APPROVE / REVISE / ABORT), recording who and why."""
     state = _state(store)
     open_gates = [(v, g) for v, lp in sorted(state.versions.items()) for g in sorted(lp.gates_opened)
@@ -510,5 +510,7 @@ def answer_gate(store: Store, answer: str, *, who: str, reason: str, interventio
         from . import skills
 
         with contextlib.suppress(skills.SkillError):
-            skills.sync_campaign(store)
+            for line in skills.sync_campaign(store):
+                if log is not None:
+                    log(line)
     return ev

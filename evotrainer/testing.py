@@ -239,3 +239,21 @@ def planted_store(root: str | Path, versions: dict, *, name: str = "planted") ->
                 values = {k: (x[j] if isinstance(x, (list, tuple)) else x) for k, x in metrics.items()}
                 store.append_metrics(v, step, {k: float(x) for k, x in values.items()}, source="trl")
     return store
+
+
+def swe_campaign_toml(swe_dir: str | Path, policy: str = "scripted:honest_fixer", *, versions: int | None = None,
+                      gates: tuple[str, ...] = (), n_train: int = 3, n_val: int = 2, max_steps: int = 1,
+                      prompts_per_step: int = 2, group_size: int = 2, eval_k: int = 2, turn_cap: int = 12) -> str:
+    """A small SWE campaign config (TOML, for `evotrainer run CONFIG --preset smoke`): built instances
+    at `swe_dir`, the environment's tiered reward, one short step per version."""
+    head = [f'policy = "{policy}"']
+    if versions is not None:
+        head.append(f"versions = {versions}")
+    if gates:
+        head.append("gates = [" + ", ".join(f'"{g}"' for g in gates) + "]")
+    return "\n".join([
+        *head, "[data]", 'domain = "swe"', f'swe_dir = "{swe_dir}"', f"n_train = {n_train}", f"n_val = {n_val}",
+        "[train]", f"max_steps = {max_steps}", f"prompts_per_step = {prompts_per_step}",
+        f"group_size = {group_size}", f"eval_k = {eval_k}",
+        "[harness]", 'rewards = [{name = "env_reward", weight = 1.0}]', "[harness.swe]", f"turn_cap = {turn_cap}",
+    ]) + "\n"

@@ -6,39 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evotrainer.envs.swe.build import base_test_command
-from evotrainer.envs.swe.instance import SweInstance, commit_all, git, instance_dir, save_instance
+from evotrainer.envs.swe.instance import SweInstance, instance_dir
+from evotrainer.envs.swe.toy import build_clamp_instance
 
 ROOT = Path(__file__).resolve().parent.parent
 
-ORIGINAL = "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n"
-BUGGY = ORIGINAL.replace("if x < lo:", "if x > lo:")
-TESTS = ("from calc.ops import clamp\n\n\ndef test_low():\n    assert clamp(-5, 0, 10) == 0\n\n\n"
-         "def test_high():\n    assert clamp(50, 0, 10) == 10\n")
-
 
 def build_instance(cache: Path) -> SweInstance:
-    """The shape build.py writes (same as tests/test_swe_env.py's builder): commit 1 original, commit 2 the bug."""
-    inst = SweInstance(instance_id="calc-000000000001", project="calc", version="0.1",
-                       problem_statement="tests/test_ops.py::test_low fails",
-                       fail_to_pass=("tests/test_ops.py::test_low",), pass_to_pass=("tests/test_ops.py::test_high",),
-                       gold_patch="", mutated_file="calc/ops.py",
-                       mutation="Compare: '<' -> '>' at line 2 in func clamp",
-                       test_command=(*base_test_command(), "tests"), seed=0)
-    d = instance_dir(cache, inst.instance_id)
-    repo = d / "repo"
-    (repo / "calc").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "calc" / "__init__.py").write_text("")
-    (repo / "calc" / "ops.py").write_text(ORIGINAL)
-    (repo / "tests" / "test_ops.py").write_text(TESTS)
-    git(["init", "-q", "."], repo)
-    commit_all(repo, "initial import")
-    (repo / "calc" / "ops.py").write_text(BUGGY)
-    commit_all(repo, "refactor calc.ops")
-    inst = inst.model_copy(update={"gold_patch": git(["diff", "HEAD", "HEAD~1"], repo).stdout})
-    save_instance(inst, d)
-    return inst
+    return build_clamp_instance(instance_dir(cache, "calc-000000000001"))[0]
 
 
 def cli(*args: str, data_dir: Path) -> subprocess.CompletedProcess:
@@ -68,7 +43,7 @@ def test_swe_list_shows_instances(tmp_path):
     assert res.returncode == 0, res.stderr
     header, row, total = res.stdout.strip().splitlines()
     assert header.split() == ["id", "project", "mutated", "file", "f2p", "p2p"]
-    assert row.split() == [inst.instance_id, "calc", "0.1", "calc/ops.py", "1", "1"]
+    assert row.split() == [inst.instance_id, "calc", "0.1", "calc/ops.py", "2", "1"]
     assert total.startswith("1 instance(s) under") and "calc 1" in total
     # a broken instance.json is one line naming the folder
     (instance_dir(tmp_path / "swe", inst.instance_id) / "instance.json").write_text("{not json")

@@ -31,25 +31,7 @@ from evotrainer.diagnostics.validation import FINDINGS_SIGNAL, validate_user_dia
 from evotrainer.envs.swe.toy import build_toy_instances
 from evotrainer.schema import DiagnosticValidated, HealthReported, VersionCreated, VersionJudged
 from evotrainer.store import Store
-
-CONFIG = """
-policy = "scripted:honest_fixer"
-gates = ["completion"]
-[data]
-domain = "swe"
-swe_dir = "{swe}"
-n_train = 3
-n_val = 2
-[train]
-max_steps = 1
-prompts_per_step = 1
-group_size = 2
-eval_k = 1
-[harness]
-rewards = [{{name = "env_reward", weight = 1.0}}]
-[harness.swe]
-turn_cap = 12
-"""
+from evotrainer.testing import swe_campaign_toml
 
 TAMPERING = '''
 import json
@@ -134,7 +116,7 @@ def campaign(tmp_path_factory):
     t0 = time.monotonic()
     root = tmp_path_factory.mktemp("diagcamp")
     assert len(build_toy_instances(root / "swe", n=5, seed=0)) == 5
-    (root / "c.toml").write_text(CONFIG.format(swe=root / "swe"))
+    (root / "c.toml").write_text(swe_campaign_toml(root / "swe", gates=("completion",), prompts_per_step=1, eval_k=1))
     cfg = config_mod.load(root / "c.toml", "smoke")
     camp, log = root / "camp", []
     run_campaign(camp, cfg, 1, preset="smoke", log=log.append)

@@ -12,28 +12,10 @@ import pytest
 
 from evotrainer import memory
 from evotrainer.store import Store
-from evotrainer.testing import temp_store
+from evotrainer.testing import swe_campaign_toml, temp_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CONFIG = """
-policy = "scripted:leaker"
-versions = 2
-[data]
-domain = "swe"
-swe_dir = "{swe}"
-n_train = 3
-n_val = 2
-[train]
-max_steps = 1
-prompts_per_step = 2
-group_size = 2
-eval_k = 2
-[harness]
-rewards = [{{name = "env_reward", weight = 1.0}}]
-[harness.swe]
-turn_cap = 12
-"""
 
 
 def test_notes_and_search_trace_are_append_only_timed_and_survive_a_torn_line(tmp_path):
@@ -73,7 +55,7 @@ def leaker(tmp_path_factory):
     work = tmp_path_factory.mktemp("mem")
     build_toy_instances(work / "swe", n=5, seed=0)
     cfg = work / "c.toml"
-    cfg.write_text(CONFIG.format(swe=work / "swe"))
+    cfg.write_text(swe_campaign_toml(work / "swe", "scripted:leaker", versions=2))
     env = dict(os.environ, EVOTRAINER_DATA=str(work / "data"), PYTHONPATH=str(ROOT))
     res = subprocess.run([sys.executable, "-m", "evotrainer.cli", "run", str(cfg), "--preset", "smoke", "--campaign",
                           str(work / "camp")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,

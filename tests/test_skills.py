@@ -34,29 +34,12 @@ from evotrainer.skills import (
     skill_id_for,
 )
 from evotrainer.store import Store
-from evotrainer.testing import temp_store
+from evotrainer.testing import swe_campaign_toml, temp_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
 TUNED_FILTER = {"factor": "filter", "group_filter": {"kind": "std_ema", "keep_ratio": 0.8, "warmup_groups": 2}}
 
-SWE_CONFIG = """
-policy = "scripted:honest_fixer"
-[data]
-domain = "swe"
-swe_dir = "{swe}"
-n_train = 3
-n_val = 2
-[train]
-max_steps = 1
-prompts_per_step = 2
-group_size = 2
-eval_k = 2
-[harness]
-rewards = [{{name = "env_reward", weight = 1.0}}]
-[harness.swe]
-turn_cap = 12
-"""
 
 
 def cli(*args, data_dir, timeout=600):
@@ -85,7 +68,7 @@ def two_campaigns(tmp_path_factory):
 
     # Campaign A (swe): a person designs a tuned StdGroupFilter and promotes it at the completion gate.
     cfg = work / "a.toml"
-    cfg.write_text(SWE_CONFIG.format(swe=swe))
+    cfg.write_text(swe_campaign_toml(swe))
     a_dir = work / "swe-campaign"
     run_a = ("run", "--preset", "smoke", "--campaign", str(a_dir), "--versions", "3")
     cli("run", str(cfg), *run_a[1:], "--gates", "diagnosis,completion", data_dir=data)
@@ -106,10 +89,11 @@ def two_campaigns(tmp_path_factory):
         "--reason", "a tighter filter than the playbook's default", data_dir=data)
     out = cli(*run_a, "--resume", data_dir=data).stdout
     assert "waiting at the completion gate" in out
-    cli("gate", str(a_dir), "revise", "--outcome", "promote", "--who", "alice",
-        "--reason", "keeps only groups with signal; a scripted policy cannot move Avg@k", data_dir=data)
-    out_a = cli(*run_a, "--resume", data_dir=data).stdout  # v002's proposal round syncs the skill first
+    out_gate = cli("gate", str(a_dir), "revise", "--outcome", "promote", "--who", "alice",
+                   "--reason", "keeps only groups with signal; a scripted policy cannot move Avg@k", data_dir=data).stdout
+    out_a = cli(*run_a, "--resume", data_dir=data).stdout
     assert "waiting at the diagnosis gate" in out_a
+    out_a = out_gate + out_a  # the person's verdict creates the skill at once
 
     # Campaign B (math, tiny policy): one candidate per version, so every in-domain idea is tried in turn.
     cfg_b = work / "b.toml"

@@ -19,27 +19,10 @@ import pytest
 from evotrainer.envs.swe.toy import build_toy_instances
 from evotrainer.status import from_ledger
 from evotrainer.store import Store
+from evotrainer.testing import swe_campaign_toml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-CONFIG = """
-policy = "{policy}"
-versions = {versions}
-[data]
-domain = "swe"
-swe_dir = "{swe}"
-n_train = 3
-n_val = 2
-[train]
-max_steps = 1
-prompts_per_step = 2
-group_size = 2
-eval_k = 2
-[harness]
-rewards = [{{name = "env_reward", weight = 1.0}}]
-[harness.swe]
-turn_cap = 12
-"""
 
 
 def cli(*args, data_dir, timeout=600):
@@ -58,7 +41,7 @@ def swe_dir(tmp_path_factory):
 def run_campaign(tmp_path_factory, data_dir, swe_dir, policy, versions):
     d = tmp_path_factory.mktemp(policy.replace(":", "-"))
     cfg = d / "c.toml"
-    cfg.write_text(CONFIG.format(policy=policy, versions=versions, swe=swe_dir))
+    cfg.write_text(swe_campaign_toml(swe_dir, policy, versions=versions))
     res = cli("run", str(cfg), "--preset", "smoke", "--campaign", str(d / "camp"), data_dir=data_dir)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return Store.open(d / "camp"), res.stdout
@@ -123,9 +106,9 @@ def test_swe_evidence_has_behaviour_columns_and_turns(leaker_campaign):
 
 def test_scripted_policy_config_errors(tmp_path, data_dir, swe_dir):
     cfg = tmp_path / "bad.toml"
-    cfg.write_text(CONFIG.format(policy="scripted:nobody", versions=1, swe=swe_dir))
+    cfg.write_text(swe_campaign_toml(swe_dir, "scripted:nobody", versions=1))
     res = cli("run", str(cfg), "--preset", "smoke", "--campaign", str(tmp_path / "c"), data_dir=data_dir)
     assert res.returncode != 0 and "unknown scripted policy 'nobody'" in res.stderr
-    cfg.write_text(CONFIG.format(policy="scripted:leaker", versions=1, swe=tmp_path / "empty"))
+    cfg.write_text(swe_campaign_toml(tmp_path / "empty", "scripted:leaker", versions=1))
     res = cli("run", str(cfg), "--preset", "smoke", "--campaign", str(tmp_path / "c2"), data_dir=data_dir)
     assert res.returncode != 0 and "evotrainer swe build" in res.stderr

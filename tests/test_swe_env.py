@@ -11,7 +11,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from evotrainer.envs.swe.build import base_test_command
 from evotrainer.envs.swe.env import (
     ROLLOUT_BEHAVIOUR_COLUMNS,
     SweEpisode,
@@ -20,63 +19,14 @@ from evotrainer.envs.swe.env import (
     is_test_path,
     rollout_row,
 )
-from evotrainer.envs.swe.instance import SweInstance, commit_all, git, materialize, save_instance
+from evotrainer.envs.swe.instance import SweInstance, git, materialize
 from evotrainer.envs.swe.policies import abandoner, echo_trapper, honest_fixer, leaker, parse_hunks, run_episode
+from evotrainer.envs.swe.toy import build_clamp_instance
 from evotrainer.evidence import TURN_COLUMNS, conform, conform_rollouts
-
-ORIGINAL = '''"""Tiny numeric helpers."""
-
-
-def clamp(x, lo, hi):
-    """x limited to [lo, hi]."""
-    if x < lo:
-        return lo
-    if x > hi:
-        return hi
-    return x
-
-
-def add(a, b):
-    return a + b
-'''
-BUGGY = ORIGINAL.replace("    if x < lo:\n", "    if x > lo:\n")
-TESTS = '''from calc.ops import add, clamp
-
-
-def test_clamp_low():
-    assert clamp(-5, 0, 10) == 0
-
-
-def test_clamp_mid():
-    assert clamp(5, 0, 10) == 5
-
-
-def test_add():
-    assert add(2, 3) == 5
-'''
 
 
 def build_instance(root: Path) -> tuple[SweInstance, Path]:
-    d = root / "inst"
-    repo = d / "repo"
-    (repo / "calc").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "calc" / "__init__.py").write_text("")
-    (repo / "calc" / "ops.py").write_text(ORIGINAL)
-    (repo / "tests" / "test_ops.py").write_text(TESTS)
-    git(["init", "-q", "."], repo)
-    commit_all(repo, "initial import")
-    (repo / "calc" / "ops.py").write_text(BUGGY)
-    commit_all(repo, "refactor calc.ops")
-    gold = git(["diff", "HEAD", "HEAD~1"], repo).stdout
-    inst = SweInstance(instance_id="calc-000000000001", project="calc", version="0.1",
-                       problem_statement="tests/test_ops.py::test_clamp_low fails: clamp(-5, 0, 10) != 0",
-                       fail_to_pass=("tests/test_ops.py::test_clamp_low", "tests/test_ops.py::test_clamp_mid"),
-                       pass_to_pass=("tests/test_ops.py::test_add",), gold_patch=gold, mutated_file="calc/ops.py",
-                       mutation="Compare: '<' -> '>' at line 6 in func clamp",
-                       test_command=(*base_test_command(), "tests"), seed=0)
-    save_instance(inst, d)
-    return inst, d
+    return build_clamp_instance(root / "inst")
 
 
 @pytest.fixture(scope="module")

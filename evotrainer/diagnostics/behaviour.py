@@ -51,6 +51,7 @@ import polars as pl
 
 from .builtins import _pct
 from .registry import DiagnosticResult, Evidence, fnum, register
+from .rules import rising_run
 
 NAMES = ("tool_calls", "edit_failures", "self_test", "search_before_edit", "turns", "tool_streak", "git_history",
          "R5_laziness", "edit_coverage", "solution_diversity", "tool_mix", "R2_turns")
@@ -426,14 +427,13 @@ def r2_turns(ev: Evidence) -> DiagnosticResult:
     intervention = ("Intervention: context management (trim or summarise old tool outputs) or a turn cap (environment "
                     "change SweEnvSpec.turn_cap)")
     for label, series in (("evaluations", evals), ("versions", vers)):
-        if series.height < n_pts or series["vi"][-1] != cur:
+        run = rising_run(series, "turns", n_pts, cur, min_rise)
+        if run is None:
             continue
-        tail = series.tail(n_pts)
-        ts = tail["turns"].to_list()
-        rise = (ts[-1] - ts[0]) / ts[0] if ts[0] else None
+        rise, tail = run
         res.metrics[f"rise_over_{label}"] = fnum(rise)
-        if (all(b > a for a, b in itertools.pairwise(ts)) and rise is not None and rise >= min_rise
-                and not res.findings):
+        if tail is not None and not res.findings:
+            ts = tail["turns"].to_list()
             pts = [v + (f"@{s}" if s is not None else "") for v, s in zip(tail["version"], tail["step"])]
             vs = sorted(set(tail["version"].to_list()), key=ev.versions.index)
             res.findings.append(ev.finding(

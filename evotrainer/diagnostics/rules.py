@@ -59,6 +59,22 @@ def r1(ev: Evidence) -> DiagnosticResult:
     return res
 
 
+def rising_run(series: pl.DataFrame, col: str, n_pts: int, current: int, min_rise: float
+               ) -> tuple[float | None, pl.DataFrame | None] | None:
+    """R2's trend test, shared by the single-turn (length) and multi-turn (turns) rules.
+
+    `series` has one row per evaluation point (a `vi` version index column, in order). None when it
+    has fewer than `n_pts` points or does not reach the current version; else (relative rise over the
+    last `n_pts` points, those rows when they rise strictly and by at least `min_rise`, else None)."""
+    if series.height < n_pts or series["vi"][-1] != current:
+        return None
+    tail = series.tail(n_pts)
+    xs = tail[col].to_list()
+    rise = (xs[-1] - xs[0]) / xs[0] if xs[0] else None
+    ok = rise is not None and rise >= min_rise and all(b > a for a, b in itertools.pairwise(xs))
+    return rise, (tail if ok else None)
+
+
 @register("R2_echo_trap", dimension="efficiency", rule="R2",
           thresholds={"consecutive": 3, "min_rise": 0.10, "failed_ratio": 1.5},
           description="R2 (single-turn): completion length rising over 3 consecutive evaluations/versions, "
@@ -75,13 +91,13 @@ def r2(ev: Evidence) -> DiagnosticResult:
     res = DiagnosticResult()
     rising = None
     for label, series in (("evaluations", evals), ("versions", vers)):
-        if series.height < n_pts or series["vi"][-1] != cur:
+        run = rising_run(series, "length", n_pts, cur, min_rise)
+        if run is None:
             continue
-        tail = series.tail(n_pts)
-        ls = tail["length"].to_list()
-        rise = (ls[-1] - ls[0]) / ls[0] if ls[0] else None
+        rise, tail = run
         res.metrics[f"rise_over_{label}"] = rise
-        if all(b > a for a, b in itertools.pairwise(ls)) and rise is not None and rise >= min_rise and rising is None:
+        if tail is not None and rising is None:
+            ls = tail["length"].to_list()
             pts = [f"{v}" + (f"@{s}" if label == "evaluations" else "") for v, s in
                    zip(tail["version"].to_list(), tail["step"].to_list() if "step" in tail.columns else ls)]
             rising = (label, ls, pts, rise, sorted(set(tail["version"].to_list()), key=ev.versions.index))

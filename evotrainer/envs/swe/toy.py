@@ -1,6 +1,7 @@
 """A small built-in project for offline SWE instances (tests, demos, the swe smoke preset).
 
     build_toy_instances(cache_root, n=6, seed=0) -> list[SweInstance]
+    build_clamp_instance(dir) -> (SweInstance, instance dir)   # one hand-written bug, for unit tests
 
 The project (`toycalc`: a few numeric and string helpers with a pytest suite) is written to a
 temporary directory and goes through the same pipeline as a real PyPI project
@@ -15,8 +16,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .build import build_from_source
-from .instance import SweInstance
+from .build import base_test_command, build_from_source
+from .instance import SweInstance, commit_all, git, save_instance
 
 PROJECT, VERSION = "toycalc", "1.0"
 
@@ -153,3 +154,62 @@ def build_toy_instances(cache_root: Path, n: int = 6, seed: int = 0,
     with tempfile.TemporaryDirectory(prefix="evotrainer-toycalc-") as tmp:
         src = write_toy_project(Path(tmp) / f"{PROJECT}-{VERSION}")
         return build_from_source(src, PROJECT, VERSION, Path(cache_root), n, seed, log)
+
+
+# ---------------------------------------------------------------- the smallest instance, written by hand
+
+CLAMP_ORIGINAL = '''"""Tiny numeric helpers."""
+
+
+def clamp(x, lo, hi):
+    """x limited to [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def add(a, b):
+    return a + b
+'''
+CLAMP_BUGGY = CLAMP_ORIGINAL.replace("    if x < lo:\n", "    if x > lo:\n")
+CLAMP_TESTS = '''from calc.ops import add, clamp
+
+
+def test_clamp_low():
+    assert clamp(-5, 0, 10) == 0
+
+
+def test_clamp_mid():
+    assert clamp(5, 0, 10) == 5
+
+
+def test_add():
+    assert add(2, 3) == 5
+'''
+
+
+def build_clamp_instance(dir: Path, instance_id: str = "calc-000000000001") -> tuple[SweInstance, Path]:
+    """One instance with a known bug (`<` flipped to `>` in clamp), in the layout build.py writes
+    (commit 1 the original code, commit 2 the bug) at `dir`: fast, and every field is known to tests."""
+    d = Path(dir)
+    repo = d / "repo"
+    (repo / "calc").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "calc" / "__init__.py").write_text("")
+    (repo / "calc" / "ops.py").write_text(CLAMP_ORIGINAL)
+    (repo / "tests" / "test_ops.py").write_text(CLAMP_TESTS)
+    git(["init", "-q", "."], repo)
+    commit_all(repo, "initial import")
+    (repo / "calc" / "ops.py").write_text(CLAMP_BUGGY)
+    commit_all(repo, "refactor calc.ops")
+    inst = SweInstance(instance_id=instance_id, project="calc", version="0.1",
+                       problem_statement="tests/test_ops.py::test_clamp_low fails: clamp(-5, 0, 10) != 0",
+                       fail_to_pass=("tests/test_ops.py::test_clamp_low", "tests/test_ops.py::test_clamp_mid"),
+                       pass_to_pass=("tests/test_ops.py::test_add",),
+                       gold_patch=git(["diff", "HEAD", "HEAD~1"], repo).stdout, mutated_file="calc/ops.py",
+                       mutation="Compare: '<' -> '>' at line 6 in func clamp",
+                       test_command=(*base_test_command(), "tests"), seed=0)
+    save_instance(inst, d)
+    return inst, d
