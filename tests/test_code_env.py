@@ -234,3 +234,15 @@ def test_cross_check_humaneval_fast_subset():
 def test_cross_check_humaneval_all_164():
     stats = _cross_check(164)
     assert stats["mutants"] == 328 and stats["mutants_failed_by_us"] >= 164
+
+
+def test_dataspec_chooses_humaneval_as_the_held_out_set():
+    from evotrainer.envs import build_domain, load_items
+    from evotrainer.schema import DataSpec
+
+    data = DataSpec(domain="code", tiers=(0,), n_train=8, n_val=5, val_source="humaneval")
+    train, val = load_items(data, build_domain(data))
+    assert len(val) == 5 and all(i.source == "humaneval" for i in val)
+    assert all(i.source != "humaneval" for i in train)
+    with pytest.raises(ValueError, match="code domain only"):
+        DataSpec(domain="math", val_source="humaneval")

@@ -14,7 +14,7 @@ def build_domain(data: DataSpec, system_prompt: str | None = None) -> Domain:
         from .code import DEFAULT_SYSTEM_PROMPT as CODE_PROMPT
         from .code import CodeDomain
 
-        return CodeDomain(tiers=data.tiers, system_prompt=system_prompt or CODE_PROMPT)
+        return CodeDomain(tiers=data.tiers, system_prompt=system_prompt or CODE_PROMPT, val_source=data.val_source)
     if data.domain == "swe":
         from .swe.domain import SweDomain
 
