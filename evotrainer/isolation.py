@@ -364,5 +364,24 @@ def _launch(cfg: dict) -> None:
     os._exit(os.waitstatus_to_exitcode(st) & 0xFF if os.WIFEXITED(st) else 125)
 
 
+def read_reports(fd: int) -> list[dict]:
+    """The launcher's JSON lines (layers it got, what the target applied, how the target ended)."""
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(OSError):
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    out = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                out.append(obj)
+    return out
+
+
 if __name__ == "__main__":
     _launch(json.loads(sys.argv[1]))

@@ -454,7 +454,7 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
                 os.killpg(proc.pid, signal.SIGKILL)  # anything it left behind in its process group
             survivors = cg.kill_all() if cg.procs else 0
             hits = cg.hit_limits()
-            reports = _read_reports(rfd_r)
+            reports = isolation.read_reports(rfd_r)
         finally:
             os.close(rfd_r)
             if proc.returncode is None:
@@ -479,25 +479,6 @@ def run_user_diagnostic(store, source: str, versions: Sequence[str] | str | None
             cg.kill_all()
             cg.remove()
         _rmtree(tmp)
-
-
-def _read_reports(fd: int) -> list[dict]:
-    """The launcher's JSON lines (layers it got, what the target applied, how the target ended)."""
-    os.set_blocking(fd, False)
-    data = b""
-    with contextlib.suppress(OSError):
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-    out = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        with contextlib.suppress(ValueError):
-            obj = json.loads(line)
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out
 
 
 def _outer_layers(cg, reports: list[dict], survivors: int) -> list[str]:

@@ -290,7 +290,7 @@ def _run(argv: list[str], exec_path: str, work: Path, exec_files: list[str], std
         if survivors:
             warnings.append(f"{survivors} process(es) were still in the run's cgroup afterwards and were killed")
         hits = cg.hit_limits()
-        reports = _read_reports(rfd_r)
+        reports = iso.read_reports(rfd_r)
     finally:
         if rfd_w >= 0:
             os.close(rfd_w)
@@ -356,24 +356,6 @@ def _run(argv: list[str], exec_path: str, work: Path, exec_files: list[str], std
                          stderr=err_cap.text(max_output_kb), seconds=seconds,
                          truncated=out_cap.truncated or err_cap.truncated,
                          isolation=tuple(dict.fromkeys(isolation)), warnings=tuple(dict.fromkeys(warnings)))
-
-
-def _read_reports(fd: int) -> list[dict]:
-    os.set_blocking(fd, False)
-    data = b""
-    with contextlib.suppress(OSError):
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            data += chunk
-    out = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        with contextlib.suppress(ValueError):
-            obj = json.loads(line)
-            if isinstance(obj, dict):
-                out.append(obj)
-    return out
 
 
 # ---------------------------------------------------------------- public API
