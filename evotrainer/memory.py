@@ -25,9 +25,7 @@ killed writer is ended by the next append and skipped when read).
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ import polars as pl
 
 from .errors import EvoTrainerError
 from .schema import utc_now
-from .store import Store
+from .store import Store, append_line
 
 NOTES = "notes.jsonl"
 SEARCH = "search.jsonl"
@@ -54,23 +52,10 @@ def memory_dir(store: Store) -> Path:
 
 def _append(path: Path, record: dict) -> None:
     try:
-        line = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str) + "\n"
+        line = json.dumps(record, sort_keys=True, separators=(",", ":"), default=str)
     except (TypeError, ValueError) as exc:
         raise MemoryRecordError(f"memory record is not JSON-serialisable ({exc}); pass plain dicts, lists and strings") from exc
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            fh.seek(0, os.SEEK_END)
-            if fh.tell() > 0:
-                fh.seek(-1, os.SEEK_END)
-                if fh.read(1) != b"\n":
-                    fh.write(b"\n")  # a killed writer tore the last line: end it, it stays skipped
-            fh.write(line.encode())
-            fh.flush()
-            os.fsync(fh.fileno())
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    append_line(path, line)
 
 
 def _read(path: Path) -> list[dict]:

@@ -113,6 +113,25 @@ def _step_of(path: Path) -> int | None:
 # --------------------------------------------------------------------------- ledger
 
 
+def append_line(path: Path, line: str) -> None:
+    """Append one line to a JSON-lines log: under an exclusive flock, fsynced. A line torn by a killed
+    writer is ended first, so it stays a separate line that readers skip."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() > 0:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    fh.write(b"\n")
+            fh.write(line.encode() + b"\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class Ledger:
     """Append-only JSON-lines event log; campaign state is derived by replaying it."""
 
@@ -121,22 +140,7 @@ class Ledger:
         self.torn_lines = 0
 
     def append(self, event) -> None:  # event: one of schema.LedgerEvent's members
-        line = event_to_json(event) + "\n"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a+b") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                fh.seek(0, os.SEEK_END)
-                if fh.tell() > 0:
-                    fh.seek(-1, os.SEEK_END)
-                    if fh.read(1) != b"\n":
-                        # A crash tore the previous line; end it so it stays a separate (skipped) line.
-                        fh.write(b"\n")
-                fh.write(line.encode())
-                fh.flush()
-                os.fsync(fh.fileno())
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        append_line(self.path, event_to_json(event))
 
     def events(self) -> list:
         if not self.path.exists():
