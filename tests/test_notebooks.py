@@ -194,6 +194,10 @@ def test_diagnostics_notebook_runs_a_user_diagnostic_and_a_backtest(executed, ke
     store = Store.open(kernel_env["EVOTRAINER_NOTEBOOK_CAMPAIGN"])
     saved = store.user_diagnostics("boxed_share")
     assert saved and saved[-1][0].author == "alice" and "\\\\boxed" in saved[-1][1]
+    # validated retrospectively, whatever the verdict: the report and the notebook say which and why
+    reps = store.validations("boxed_share", saved[-1][0].sha256)
+    assert reps and reps[-1].author == "alice" and reps[-1].why
+    assert ("ACCEPTED" if reps[-1].accepted else "REJECTED") in text and f"why: {reps[-1].why}"[:80] in text
     assert any(iv.author == "alice" and iv.change.factor == "reward" for iv in store.interventions())
 
 
@@ -214,6 +218,9 @@ def test_overriding_notebook_leaves_who_and_why_in_the_ledger(executed, kernel_e
     assert lab.loop_state().loop(overridden[0].version).outcome == overridden[0].outcome
     assert len(lab.store.versions()) == 4 and not lab.running and lab.gate is None
     assert f"effective outcome: {overridden[0].outcome}" in _all_text(nb)
+    text = _all_text(nb)
+    assert "skill(s) in" in text and "decided_by" in text  # section 6: the memory frame and the skill library
+    assert f"campaign {lab.store.campaign.name}:" in text  # compact(): the agent's view of the memory
 
 
 def test_writing_up_renders_the_report(executed, kernel_env):

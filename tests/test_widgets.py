@@ -471,6 +471,93 @@ def test_diagnostic_editor_runs_off_the_kernel_loop(final_lab):
     assert res["ok"] and not ed.running and ticks > 1  # the loop kept turning while it ran
 
 
+CONSTANT_DIAGNOSTIC = "def diagnose(rollouts, metrics):\n    return {'metrics': {'score': 1.0}, 'findings': []}\n"
+# separates by construction (it names the version the person rejected): enough to exercise acceptance
+NAMES_V001 = "def diagnose(rollouts, metrics, ctx):\n    return {'metrics': {'is_v001': float(ctx['version'] == 'v001')}}\n"
+
+
+@pytest.fixture
+def judged_lab(campaigns, tmp_path):
+    """The final campaign with both sides: v000 promoted by the gate, v001 rejected by a person at its
+    completion gate (the gate said inconclusive)."""
+    lab = copy_lab(campaigns, "final", tmp_path)
+    lab.gate.revise(outcome="reject", reason="the held-out answers got worse", who="dan")
+    assert {v: lab.loop_state().loop(v).outcome for v in ("v000", "v001")} == {"v000": "promote", "v001": "reject"}
+    return lab
+
+
+def test_diagnostic_editor_validation_rejects_a_constant_diagnostic_with_the_reason(judged_lab):
+    lab = judged_lab
+    ed = DiagnosticEditor(lab, source=CONSTANT_DIAGNOSTIC)
+    assert ed.validate(who="alice", reason="does it separate?") is None and "save one first" in ed.message
+    meta = ed.save("constant", "alice", "always one")
+    assert ed.validate(who="", reason="x") is None and "who" in ed.message and ed.message_kind == "error"
+    ledger_before = len(lab.store.ledger.events())
+    v = ed.validate(who="alice", reason="does it separate kept from bad?", wait=True)
+    assert v == ed.validation and v["ok"] and v["accepted"] is False and not ed.validating
+    assert (v["name"], v["sha256"], v["author"]) == ("constant", meta.sha256, "alice")
+    # the reason, shown in the state and the message line
+    assert "constant output" in v["why"] and "effect 0" in v["why"]
+    assert "REJECTED" in ed.message and "constant output" in ed.message
+    assert any(r.startswith("score: constant output") for r in v["reasons"])
+    # the effect sizes of the deciding signal and per signal
+    assert v["signal"] == "score" and (v["cliffs_delta"], v["auc"], v["cohens_d"]) == (0.0, 0.5, 0.0)
+    [eff] = v["effects"]
+    assert eff["signal"] == "score" and eff["deciding"] and not eff["passed"] and (eff["n_kept"], eff["n_bad"]) == (1, 1)
+    # the per-version table: v000 kept, v001 bad (the person's override wins), the constant value on both
+    assert v["columns"] == ["score"] and (v["n_kept"], v["n_bad"], v["n_unused"]) == (1, 1, 0)
+    assert [(r["version"], r["label"], r["outcome"], r["values"]) for r in v["rows"]] == [
+        ("v000", "kept", "promote", [1.0]), ("v001", "bad", "reject", [1.0])]
+    # the stored report and its ledger event say the same; the revision is not validated
+    [rep] = lab.store.validations("constant")
+    assert rep.validation_id == v["validation_id"] and not rep.accepted and rep.why == v["why"]
+    events = lab.store.ledger.events()
+    assert len(events) == ledger_before + 1 and events[-1].kind == "diagnostic_validated" and events[-1].actor == "alice"
+    assert [r["validated"] for r in ed.revisions] == [False]
+    json.dumps(ed.get_state())
+
+
+def test_diagnostic_editor_validation_accepts_and_refreshes_the_revisions(judged_lab):
+    lab = judged_lab
+    ed = DiagnosticEditor(lab, source=NAMES_V001)
+    ed.save("names_v001", "bob", "a rule that knows the answer")
+    ed.set_source(CONSTANT_DIAGNOSTIC)
+    ed.save("constant", "bob", "always one")  # the newest revision, but not the one validated below
+    assert lab.store.user_diagnostics("constant")[0][0].parent_sha256 is None  # a new name: a new lineage
+    ed.load_revision(lab.store.user_diagnostics("names_v001")[0][0].sha256)
+    ed.set_source(ed.source + "# an unsaved edit\n")
+    # from the button: the loaded revision is validated, the editor's author and reason fields come along
+    fut = ed.handle_intent("validate", {"name": "", "who": "bob", "reason": "separates v001?", "metric": ""})
+    v = fut.result(timeout=300)  # no event loop here: a Future of the worker pool
+    assert v == ed.validation and not ed.validating
+    assert v["ok"] and v["accepted"] and v["name"] == "names_v001" and v["signal"] == "is_v001", v
+    assert v["cliffs_delta"] == 1.0 and v["auc"] == 1.0
+    assert [(r["label"], r["values"]) for r in v["rows"]] == [("kept", [0.0]), ("bad", [1.0])]
+    assert "ACCEPTED" in ed.message and ed.message_kind == "ok"
+    assert {r["name"]: r["validated"] for r in ed.revisions} == {"names_v001": True, "constant": False}
+    # a named metric that it never returns: rejected, with the reason
+    v = ed.validate(name="names_v001", who="bob", reason="only this metric", metric="nope", wait=True)
+    assert not v["accepted"] and "'nope' was never returned" in v["why"]
+    assert {r["name"]: r["validated"] for r in ed.revisions} == {"names_v001": False, "constant": False}  # revoked
+
+
+def test_diagnostic_editor_validates_off_the_kernel_loop(judged_lab):
+    ed = DiagnosticEditor(judged_lab, source=CONSTANT_DIAGNOSTIC)
+    ed.save("constant", "carol", "always one")
+
+    async def main():
+        task = ed.handle_intent("validate", {"who": "carol", "reason": "in the background", "metric": ""})
+        assert ed.validating and isinstance(task, asyncio.Task)
+        ticks = 0
+        while not task.done():
+            ticks += 1
+            await asyncio.sleep(0.01)
+        return await task, ticks
+
+    v, ticks = asyncio.run(main())
+    assert v["ok"] and not v["accepted"] and not ed.validating and ticks > 1 and ed.validation == v
+
+
 # --------------------------------------------------------------------------- the workbench
 
 

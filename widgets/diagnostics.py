@@ -1,5 +1,6 @@
 """DiagnosticEditor: write a diagnostic, run it on chosen versions in a sandboxed subprocess
-(evotrainer.diagnostics.usercode), read its metrics and findings, and save it as a revision."""
+(evotrainer.diagnostics.usercode), read its metrics and findings, save it as a revision, and validate
+a saved revision retrospectively (evotrainer.diagnostics.validation) against the campaign's judged versions."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -47,18 +48,28 @@ def _usercode():
     return usercode
 
 
+def _validation():
+    from evotrainer.diagnostics import validation  # lazy, like the runner
+
+    return validation
+
+
+MAX_SIGNAL_COLUMNS = 8  # signals shown as columns of the per-version table (the deciding one first)
+
+
 class DiagnosticEditor(EvoWidget):
     """Root element: `.evo-diagnostic-editor`.
 
     Synced traits: `source`, `version_options`, `selected_versions`, `running`, `result` ({ok,
     metrics: [{name, value}], findings: [...], error, stdout, seconds}), `revisions`, `name`,
-    `author`, `reason`, `linked`, `timeout_s`, `message`. Buttons (data-action): run, save,
+    `author`, `reason`, `linked`, `timeout_s`, `message`, `validating`, `validation` (the last
+    retrospective validation, see `validate`). Buttons (data-action): run, save, validate,
     open_finding (a finding -> the linked RolloutBrowser), load_revision.
     """
 
     _esm = esm("diagnostics.js")
     _ACTIONS: ClassVar[dict[str, str]] = {"run": "run", "save": "save", "set_source": "set_source", "open_finding": "open_finding",
-                "load_revision": "load_revision", "set_versions": "set_versions"}
+                "load_revision": "load_revision", "set_versions": "set_versions", "validate": "validate"}
 
     source = t.Unicode("").tag(sync=True)
     version_options = t.List().tag(sync=True)
@@ -71,12 +82,15 @@ class DiagnosticEditor(EvoWidget):
     reason = t.Unicode("").tag(sync=True)
     linked = t.Bool(False).tag(sync=True)
     timeout_s = t.Float(10.0).tag(sync=True)
+    validating = t.Bool(False).tag(sync=True)
+    validation = t.Dict(allow_none=True, default_value=None).tag(sync=True)
 
     def __init__(self, lab, source: str | None = None, timeout_s: float = 10.0, **kwargs):
         super().__init__(lab, timeout_s=timeout_s, **kwargs)
         self._browser = None
         self._parent_sha: str | None = None
         self._future = None
+        self._validation_future = None
         if source is None:
             with contextlib.suppress(Exception):
                 uc = _usercode()
@@ -211,7 +225,7 @@ class DiagnosticEditor(EvoWidget):
     # ---- saving a revision
 
     def save(self, name: str | None = None, author: str | None = None, reason: str | None = None):
-        """Save the source as a new revision (its parent: the revision last loaded or saved)."""
+        """Save the source as a new revision (its parent: the revision last loaded or saved, if of the same name)."""
         name = (name if name is not None else self.name).strip()
         author = (author if author is not None else self.author).strip()
         reason = (reason if reason is not None else self.reason).strip()
@@ -221,8 +235,10 @@ class DiagnosticEditor(EvoWidget):
             return None
         try:
             uc = _usercode()
-            meta = uc.save_user_diagnostic(self.lab.store, name, self.source, author, reason,
-                                           parent_sha256=self._parent_sha)
+            # the parent is the revision last loaded or saved when it has this name; a new name starts a new lineage
+            parent = self._parent_sha if self._parent_sha and any(
+                m.sha256 == self._parent_sha for m, _src in self.lab.store.user_diagnostics(name)) else None
+            meta = uc.save_user_diagnostic(self.lab.store, name, self.source, author, reason, parent_sha256=parent)
         except Exception as exc:  # noqa: BLE001 - a view must never take the kernel down
             self._say(f"not saved: {exc}", "error")
             return None
@@ -232,8 +248,128 @@ class DiagnosticEditor(EvoWidget):
         self._say(f"saved {meta.name} revision {meta.sha256[:12]}", "ok")
         return meta
 
+    # ---- retrospective validation of a saved revision (off the kernel's thread)
+
+    def _target_revision(self, name: str | None):
+        """The revision to validate: the one loaded or last saved in this editor when `name` is empty or
+        names it, else the newest revision of `name`; with nothing loaded, the newest saved revision."""
+        revs = [m for m, _src in self.lab.store.user_diagnostics()]  # oldest first
+        if not revs:
+            raise ValueError("no saved diagnostic revision to validate: save one first")
+        loaded = next((m for m in revs if m.sha256 == self._parent_sha), None) if self._parent_sha else None
+        name = (name if name is not None else self.name or "").strip()
+        if not name:
+            return loaded or revs[-1]
+        if loaded is not None and loaded.name == name:
+            return loaded
+        mine = [m for m in revs if m.name == name]
+        if not mine:
+            raise ValueError(f"no saved diagnostic {name!r} (saved: {sorted({m.name for m in revs})}); save it first")
+        return mine[-1]
+
+    def validate(self, name: str | None = None, who: str | None = None, reason: str | None = None,
+                 metric: str | None = None, wait: bool = False, timeout_s: float | None = None):
+        """Validate a saved revision retrospectively (`validate_user_diagnostic`): replay it over every judged
+        version and accept it only if it separates the kept (promoted) versions from the bad (rejected or
+        vetoed) ones. The revision: the one loaded or last saved here (or the newest of `name`). `who` and
+        `reason` default to the editor's author and reason; `metric` judges one returned metric only.
+        The report is stored with a ledger event; `validation` shows it and the revisions list is refreshed.
+        With wait=True: block and return the `validation` dict; otherwise run in the worker (the kernel stays
+        free) and return the Future/Task, as `run` does. Only validated revisions run at the gate."""
+        who = (who if who is not None else self.author).strip()
+        reason = (reason if reason is not None else self.reason).strip()
+        metric = (metric or "").strip() or None
+        missing = [k for k, v in (("who", who), ("reason", reason)) if not v]
+        if missing:
+            self._say(f"validate needs {', '.join(missing)} (the ledger records who validated and why)", "error")
+            return None
+        try:
+            meta = self._target_revision(name)
+        except Exception as exc:  # noqa: BLE001 - a view must never take the kernel down
+            self._say(f"not validated: {exc}", "error")
+            return None
+        if self.validating and not wait:
+            self._say("a validation is in progress", "error")
+            return self._validation_future
+        unsaved = meta.sha256 == self._parent_sha and self.source_sha256 != meta.sha256
+        args = (meta.name, meta.sha256, who, reason, metric, timeout_s)
+        self.validating = True
+        self._say(f"validating {meta.name} revision {meta.sha256[:12]} over the judged versions…"
+                  + (" (the editor's unsaved edits are not part of it: save them to validate them)" if unsaved else ""),
+                  "info")
+        if wait:
+            return self._finish_validation(self._execute_validation(*args))
+        loop = running_loop()
+        if loop is not None:
+            async def go():
+                res = await loop.run_in_executor(_pool(), self._execute_validation, *args)
+                return self._finish_validation(res)  # back on the kernel's loop: safe to touch the widget
+            self._validation_future = loop.create_task(go())
+        else:  # no event loop (plain Python): no frontend is attached; the Future resolves once the state is updated
+            self._validation_future = _pool().submit(lambda: self._finish_validation(self._execute_validation(*args)))
+        return self._validation_future
+
+    def _execute_validation(self, name: str, sha256: str, who: str, reason: str, metric: str | None,
+                            timeout_s: float | None) -> dict:
+        t0 = time.perf_counter()
+        base = {"ok": False, "name": name, "sha256": sha256, "author": who, "reason": reason, "metric": metric}
+        try:
+            val = _validation()
+            kwargs = {} if timeout_s is None else {"timeout_s": float(timeout_s)}
+            report = val.validate_user_diagnostic(self.lab.store, name, sha256, metric=metric, author=who,
+                                                  reason=reason, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - a view must never take the kernel down
+            return {**base, "error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
+        return {**validation_view(report), "seconds": time.perf_counter() - t0}
+
+    def _finish_validation(self, res: dict) -> dict:
+        out = clean(res)
+        self.validation = out
+        self.validating = False
+        self.refresh()  # the revisions list shows `validated`
+        if not out.get("ok"):
+            self._say(f"not validated: {out.get('error') or 'the validation failed'}", "error")
+        else:
+            verdict = "ACCEPTED" if out["accepted"] else "REJECTED"
+            self._say(f"{out['name']} {out['sha256'][:12]} {verdict}: {out['why']}", "ok" if out["accepted"] else "info")
+        return out
+
     @property
     def source_sha256(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
 
+
+
+def validation_view(report) -> dict:
+    """A ValidationReport as the editor's plain-JSON `validation`: the verdict and why, the effect sizes of
+    every signal (the deciding one first), and a per-version table (rows: kept / bad / unused versions;
+    columns: the first MAX_SIGNAL_COLUMNS signals)."""
+    def order(s):
+        return (s.signal != report.signal, not s.passed, -abs(s.cliffs_delta or 0.0), s.signal)
+
+    signals = sorted(report.signals, key=order)
+    values = {s.signal: s.values for s in signals}
+    names = [s.signal for s in signals] or sorted({k for p in report.points for k in p.metrics})
+    columns = names[:MAX_SIGNAL_COLUMNS]
+    rows = []
+    for p in report.points:
+        rows.append({"version": p.version, "label": p.label, "outcome": p.outcome,
+                     "values": [values[c].get(p.version) if c in values else p.metrics.get(c) for c in columns],
+                     "alerts": p.alerts, "vetoes": p.vetoes, "error": p.error, "note": p.note,
+                     "evidence": list(p.evidence)})
+    effects = [{"signal": s.signal, "deciding": s.signal == report.signal, "passed": s.passed, "n_kept": s.n_kept,
+                "n_bad": s.n_bad, "mean_kept": s.mean_kept, "mean_bad": s.mean_bad, "cohens_d": s.cohens_d,
+                "cohens_d_note": s.cohens_d_note, "auc": s.auc, "cliffs_delta": s.cliffs_delta,
+                "direction": s.direction, "why": s.why} for s in signals]
+    counts = {lab: sum(p.label == lab for p in report.points) for lab in ("kept", "bad", "unused")}
+    return clean({
+        "ok": True, "accepted": report.accepted, "name": report.name, "sha256": report.sha256,
+        "validation_id": report.validation_id, "author": report.author, "reason": report.reason,
+        "created_at": report.created_at, "as_of": report.as_of, "metric": report.requested_metric,
+        "why": report.why, "reasons": [f"{s.signal}: {s.why}" for s in signals],
+        "signal": report.signal, "cohens_d": report.cohens_d, "cliffs_delta": report.cliffs_delta,
+        "auc": report.auc, "cohens_d_note": next((s.cohens_d_note for s in signals if s.signal == report.signal), ""),
+        "effects": effects, "columns": columns, "hidden_columns": len(names) - len(columns),
+        "rows": rows, "n_kept": counts["kept"], "n_bad": counts["bad"], "n_unused": counts["unused"],
+        "rule": report.rule, "evidence": report.evidence, "error": None})
