@@ -125,6 +125,7 @@ def check_request_shape(body):
 # --------------------------------------------------------------------------- scenarios through the CLI
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_reads_the_store_proposes_and_ranks_and_the_controller_selects_its_choice(base, tmp_path, fake, data_dir):
     store, res = scenario(base, tmp_path, fake, data_dir, "propose_happy", die_after="intervention_selected")
     assert fake.unexpected == 0 and len(fake.requests) == 5
@@ -192,6 +193,7 @@ def test_reads_the_store_proposes_and_ranks_and_the_controller_selects_its_choic
     assert "Budget $0.50" in section
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_malformed_tool_calls_come_back_as_errors_and_nothing_is_stored(base, tmp_path, fake, data_dir):
     store, res = scenario(base, tmp_path, fake, data_dir, "propose_malformed", die_after="intervention_proposed")
     assert fake.unexpected == 0 and len(fake.requests) == 3
@@ -213,6 +215,7 @@ def test_malformed_tool_calls_come_back_as_errors_and_nothing_is_stored(base, tm
     assert "refused" in res.stdout
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_rate_limit_is_retried_after_retry_after(base, tmp_path, fake, data_dir):
     store, res = scenario(base, tmp_path, fake, data_dir, "rate_limited", die_after="intervention_proposed")
     assert fake.unexpected == 0 and len(fake.requests) == 3
@@ -224,6 +227,7 @@ def test_rate_limit_is_retried_after_retry_after(base, tmp_path, fake, data_dir)
     assert (u.outcome, u.calls) == ("answered", 2)  # the 429 cost nothing
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_server_error_storm_falls_back_to_the_playbook_and_the_campaign_goes_on(base, tmp_path, fake, data_dir):
     store, res = scenario(base, tmp_path, fake, data_dir, "server_errors")
     proposed = [e for e in events(store, "intervention_proposed") if e.version == "v001"]
@@ -243,6 +247,7 @@ def test_server_error_storm_falls_back_to_the_playbook_and_the_campaign_goes_on(
     assert [e.version for e in events(store, "version_judged")] == ["v000", "v001"]
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_budget_cap_stops_the_calls_and_the_playbook_answers(base, tmp_path, fake, data_dir):
     store, _ = scenario(base, tmp_path, fake, data_dir, "budget", die_after="intervention_selected")
     assert len(fake.requests) == 1 and fake.unexpected == 0  # nothing after the budget was reached
@@ -257,6 +262,7 @@ def test_budget_cap_stops_the_calls_and_the_playbook_answers(base, tmp_path, fak
     assert len(events(store, "intervention_selected")) == 1
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_wait_mode_stops_with_the_state_intact_and_resume_continues(base, tmp_path, fake, data_dir, monkeypatch):
     from evotrainer.agent.claude import ClaudeAgent, ClaudeUnavailable
     from evotrainer.controller import run_campaign

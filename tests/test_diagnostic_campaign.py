@@ -33,6 +33,9 @@ from evotrainer.schema import DiagnosticValidated, HealthReported, VersionCreate
 from evotrainer.store import Store
 from evotrainer.testing import swe_campaign_toml
 
+# Real SWE campaigns with a person at the gate: run in CI (scripts/test.sh), not in the fast default set.
+pytestmark = pytest.mark.slow
+
 TAMPERING = '''
 import json
 import polars as pl

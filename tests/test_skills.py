@@ -104,6 +104,7 @@ def two_campaigns(tmp_path_factory):
     return data, Store.open(a_dir), Store.open(b_dir), out_a, out_b
 
 
+@pytest.mark.slow  # a real campaign: runs in CI (scripts/test.sh), not in the fast default set
 def test_a_skill_learned_in_swe_is_transferred_to_math_after_in_domain_attempts_fail(two_campaigns):
     data, store_a, store_b, out_a, _ = two_campaigns
     lib = SkillLibrary.open(data / "skills")
