@@ -96,6 +96,13 @@ def test_quickstart_in_a_real_jupyterlab(jupyterlab):
             page.wait_for_selector(".jp-Notebook", state="visible")
             page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], .jp-mod-idle",
                                    state="attached", timeout=120_000)
+            # The notebook's cells must be loaded and its kernel started before "Run All": an idle
+            # indicator can show while the document is still initialising ("No Kernel | Initializing"),
+            # and Run All then runs nothing.
+            page.wait_for_function("document.querySelectorAll('.jp-Notebook .jp-Cell').length > 3",
+                                   timeout=120_000)
+            page.wait_for_function("!document.body.innerText.includes('No Kernel')", timeout=120_000)
+            page.wait_for_function("document.body.innerText.includes('| Idle')", timeout=120_000)
             _shot(page, "01-opened")
             page.get_by_role("menuitem", name="Run", exact=True).click()
             page.get_by_text("Run All Cells", exact=True).click()
